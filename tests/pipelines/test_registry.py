@@ -1,0 +1,61 @@
+import uuid
+
+import pytest
+
+from pipelines import registry
+
+
+@pytest.fixture()
+def model_name():
+    return f"tiny-{uuid.uuid4().hex[:8]}"
+
+
+def test_register_alias_resolve(local_stack, tiny_model_dir, model_name, tmp_path):
+    with registry.start_run("rayline-test-registry", "register", tags=registry.lineage_tags("test")) as run:
+        run_id = run.info.run_id
+    v1 = registry.register_checkpoint(model_name, str(tiny_model_dir), run_id=run_id,
+                                      tags={registry.TAG_DATASET_VERSION: "abc"})
+    v2 = registry.register_checkpoint(model_name, "s3://somewhere/else/export", run_id=run_id)
+    assert (int(v1.version), int(v2.version)) == (1, 2)
+    assert v2.source == "s3://somewhere/else/export"
+    assert registry.get_alias(model_name) is None
+
+    registry.set_alias(model_name, registry.DEFAULT_ALIAS, v1.version)
+    mv = registry.get_version(f"models:/{model_name}@champion")
+    assert mv.version == v1.version and mv.tags[registry.TAG_DATASET_VERSION] == "abc"
+    assert mv.tags[registry.TAG_CHECKPOINT_URI] == str(tiny_model_dir)
+    # The local export exists here, so it resolves to it; elsewhere it would come from MLflow's artifacts.
+    assert registry.resolve_model_uri(f"models:/{model_name}@champion") == str(tiny_model_dir)
+    assert registry.resolve_model_uri(f"models:/{model_name}/2") == "s3://somewhere/else/export"
+
+    registry.set_alias(model_name, registry.DEFAULT_ALIAS, v2.version)
+    assert registry.get_alias(model_name).version == v2.version
+
+
+def test_local_checkpoint_is_downloadable_from_mlflow(local_stack, tiny_model_dir, model_name, tmp_path):
+    with registry.start_run("rayline-test-registry", "download") as run:
+        mv = registry.register_checkpoint(model_name, str(tiny_model_dir), run_id=run.info.run_id)
+    moved = tmp_path / "moved"
+    tiny_model_dir.rename(moved)
+    try:
+        path = registry.resolve_model_uri(f"models:/{model_name}/{mv.version}", cache_dir=tmp_path / "cache")
+    finally:
+        moved.rename(tiny_model_dir)
+    assert (tmp_path / "cache").as_posix() in path
+    assert (tiny_model_dir / "model.safetensors").read_bytes() == (path and open(f"{path}/model.safetensors", "rb").read())
+
+
+def test_bad_references_are_named(local_stack, model_name):
+    with pytest.raises(ValueError, match="expected models:/NAME/VERSION"):
+        registry.parse_model_ref("models:/just-a-name")
+    with pytest.raises(LookupError, match=f"models:/{model_name}@champion: not found"):
+        registry.get_version(f"models:/{model_name}@champion")
+
+
+def test_resume_continues_the_same_run(local_stack):
+    name = f"resume-{uuid.uuid4().hex[:6]}"
+    with registry.start_run("rayline-test-registry", name) as first:
+        pass
+    with registry.start_run("rayline-test-registry", name, resume=True) as second:
+        pass
+    assert first.info.run_id == second.info.run_id

@@ -1,0 +1,78 @@
+"""The embedded stack on its own ports and state dir: up, up again, env, a real job, down."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from pipelines import stack
+from pipelines.config import from_dict
+
+ROOT = stack.PROJECT_ROOT
+
+
+@pytest.fixture()
+def mini_cfg(tmp_path):
+    return from_dict(stack.StackConfig, {
+        "state_dir": str(tmp_path / "state"), "ray_port": 6399, "dashboard_port": 8285, "ray_client_port": 23021,
+        "serve_port": 8020, "mlflow_port": 5020, "dashboard_agent_port": 52385, "min_worker_port": 25000,
+        "max_worker_port": 25999,
+    })
+
+
+def _cli(cfg, *args):
+    return subprocess.run([sys.executable, "-m", "pipelines.stack", *args, "--state-dir", cfg.state_dir],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_up_twice_env_job_down(mini_cfg, tmp_path):
+    overrides = [f"{k}={v}" for k, v in stack.to_dict(mini_cfg).items() if k != "state_dir"]
+    first = _cli(mini_cfg, "up", *overrides)
+    try:
+        assert first.returncode == 0, first.stderr + first.stdout
+        assert "ray-head" in first.stdout and "mlflow" in first.stdout
+        again = _cli(mini_cfg, "up")
+        assert again.returncode == 0 and "already running" in again.stdout
+        status = _cli(mini_cfg, "status")
+        assert status.returncode == 0 and status.stdout.count("healthy") == 2
+
+        env_out = _cli(mini_cfg, "env").stdout
+        env = dict(line.removeprefix("export ").split("=", 1) for line in env_out.splitlines())
+        assert env["RAY_ADDRESS"] == "http://127.0.0.1:8285" and env["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5020"
+        job_env = {**os.environ, **env}
+        job_dir = tmp_path / "job"
+        job_dir.mkdir()
+        (job_dir / "hello.py").write_text("import ray\nray.init()\nprint('CPUS', ray.cluster_resources()['CPU'])\n")
+        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+        job = subprocess.run([ray_cli, "job", "submit", "--working-dir", str(job_dir), "--", "python", "hello.py"],
+                             capture_output=True, text=True, env=job_env, timeout=300)
+        assert job.returncode == 0 and "CPUS" in job.stdout, job.stdout[-2000:] + job.stderr[-2000:]
+
+        mlflow_code = "import mlflow; mlflow.set_experiment('stack-test'); print(mlflow.get_experiment_by_name('stack-test').name)"
+        ml = subprocess.run([sys.executable, "-c", mlflow_code], capture_output=True, text=True, env=job_env, timeout=120)
+        assert ml.stdout.strip().endswith("stack-test"), ml.stderr[-2000:]
+
+        # Everything listens on loopback only.
+        listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
+        for port in (6399, 8285, 5020):
+            addrs = [ln.split()[3] for ln in listening.splitlines() if ln.split()[3].endswith(f":{port}")]
+            assert addrs and all("127.0.0.1" in a for a in addrs), (port, addrs)
+    finally:
+        pids = stack._read_state(mini_cfg.state)["pids"]
+        down = _cli(mini_cfg, "down")
+    assert down.returncode == 0
+    assert pids and not any(stack.pid_alive(p) for p in pids.values())
+    assert (mini_cfg.state / "mlflow" / "mlflow.db").exists()  # data kept
+
+
+def test_busy_port_is_named(mini_cfg):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 5020))
+        s.listen()
+        cfg = from_dict(stack.StackConfig, {**stack.to_dict(mini_cfg), "dashboard_port": 8285})
+        with pytest.raises(RuntimeError, match="port 5020 on 127.0.0.1 is already in use"):
+            stack.up(cfg)
+    stack.down(cfg)
