@@ -1,0 +1,180 @@
+"""Batch inference throughput: Hugging Face `generate` vs plain vLLM vs rayline's batch stage, on CPU.
+
+    python bench/bench_batch_infer.py [--prompts 512] [--work /tmp/rayline-bench]
+
+The `small` tiny-model kit checkpoint answers 512 chat prompts whose output lengths are mixed (16 to 256
+tokens, exact: per-request max_tokens with ignore_eos). Output tokens per second of:
+  (a) Hugging Face `generate` with static batches (left-padded; best of batch 32 and 64; a batch runs until
+      its longest request, and only each request's own tokens count),
+  (b) plain vLLM `LLM.generate` in one process (steady state: the generate call; end to end: vLLM import,
+      engine start-up and the generate call),
+  (c) rayline's stage (`serve.batch.pipeline.main` on its own local Ray): steady state over the engine's busy
+      time, and end to end including Ray start, model resolution, engine start-up and writing Parquet.
+The end-to-end ratio is (c) end to end over (b) end to end.
+(b) and (c) use the same engine settings (serve/engine.py), each part runs in its own process, one at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ENGINE = {  # serve.engine.EngineConfig fields, shared by (b) and (c)
+    "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 128, "dtype": "bfloat16", "enforce_eager": True,
+    "kv_cache_memory_bytes": 512 * 1024**2, "cpus_per_engine": 1.0, "enable_prefix_caching": False,
+}
+
+
+def workload(work: Path, n: int, seed: int = 0) -> dict:
+    """The small model, n chat prompts (sample-corpus questions) and their exact output lengths."""
+    from pipelines.sample_corpus import make_records
+    from pipelines.tiny_model import build_tiny_model
+
+    model = work / "small-model"
+    if not (model / "config.json").exists():
+        build_tiny_model(model, "small", seed=seed)
+    rng = random.Random(seed)
+    records = make_records(n, seed + 7, "bench")
+    lengths = [rng.randint(16, 256) for _ in range(n)]
+    rows = [
+        {"id": r["id"], "messages": [m for m in r["messages"] if m["role"] != "assistant"],
+         "sampling_params": {"max_tokens": k, "ignore_eos": True, "temperature": 0.0}}
+        for r, k in zip(records, lengths)
+    ]
+    prompts = work / f"prompts-{n}.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"model": str(model), "prompts": str(prompts), "lengths": lengths}
+
+
+def chat_prompts(model: str, prompts: str) -> tuple[list[str], list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = [json.loads(line) for line in Path(prompts).read_text().splitlines()]
+    texts = [tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True) for r in rows]
+    return texts, [r["sampling_params"]["max_tokens"] for r in rows]
+
+
+def part_hf(w: dict) -> dict:
+    """(a) static batches: left-pad, generate until the batch's longest request, count each request's own tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    texts, lengths = chat_prompts(w["model"], w["prompts"])
+    tok = AutoTokenizer.from_pretrained(w["model"], padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(w["model"], dtype=getattr(torch, ENGINE["dtype"])).eval()
+    out = {}
+    for batch in (32, 64):
+        started = time.perf_counter()
+        for i in range(0, len(texts), batch):
+            enc = tok(texts[i:i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
+            longest = max(lengths[i:i + batch])
+            with torch.inference_mode():
+                model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
+                               pad_token_id=tok.pad_token_id)
+        out[f"batch_{batch}"] = sum(lengths) / (time.perf_counter() - started)
+    out["tokens_per_s"] = max(out.values())
+    return out
+
+
+def part_vllm(w: dict) -> dict:
+    """(b) one process, one `LLM.generate` call over all prompts with per-request SamplingParams."""
+    from pipelines.config import from_dict
+    from serve import engine as eng
+
+    texts, lengths = chat_prompts(w["model"], w["prompts"])
+    t0 = time.perf_counter()
+    from vllm import LLM, SamplingParams  # imported in the clock: rayline's engine actor pays this import too
+
+    cfg = from_dict(eng.EngineConfig, {"model": w["model"], **ENGINE})
+    os.environ.update(eng.runtime_env(cfg).get("env_vars", {}))
+    llm = LLM(model=w["model"], **eng.vllm_engine_kwargs(cfg))
+    startup = time.perf_counter() - t0
+    params = [SamplingParams(max_tokens=k, ignore_eos=True, temperature=0.0) for k in lengths]
+    started = time.perf_counter()
+    outs = llm.generate(texts, params, use_tqdm=False)
+    took = time.perf_counter() - started
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert tokens == sum(lengths), f"vLLM produced {tokens} tokens, expected {sum(lengths)}"
+    return {"tokens_per_s": tokens / took, "e2e_tokens_per_s": tokens / (startup + took), "startup_s": startup,
+            "generate_s": took}
+
+
+def part_rayline(w: dict, work: Path) -> dict:
+    """(c) the stage itself, on a fresh local 2-CPU Ray (not a shared cluster), prompts from JSONL to Parquet."""
+    import ray
+
+    from pipelines.config import from_dict
+    from serve.batch.config import Config
+    from serve.batch.pipeline import main
+
+    cfg = from_dict(Config, {
+        "mode": "infer", "input_uri": w["prompts"], "output_uri": str(work / "rayline-out"), "overwrite": True,
+        "engine": {"model": w["model"], **ENGINE},
+        "batch_size": 32, "max_concurrent_batches": 6, "cpu_stage_num_cpus": 0.25,
+    }, "bench")
+    started = time.perf_counter()
+    os.environ.pop("RAY_ADDRESS", None)
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    result = main(cfg)
+    e2e_s = time.perf_counter() - started  # ray.init included: a job pays it too
+    ray.shutdown()
+    assert result.errors == 0 and result.output_tokens == sum(w["lengths"]), result
+    return {
+        "tokens_per_s": result.steady_output_tokens_per_s, "e2e_tokens_per_s": result.output_tokens / e2e_s,
+        "e2e_s": e2e_s, "startup_s": e2e_s - result.output_tokens / result.steady_output_tokens_per_s,
+    }
+
+
+def run_part(part: str, args) -> dict:
+    """Each part in its own process, so no engine, thread pool or allocator state leaks into the next."""
+    cmd = [sys.executable, __file__, "--part", part, "--prompts", str(args.prompts), "--work", str(args.work)]
+    print(f"--- {part} ...", flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"bench part {part} failed (exit {proc.returncode}); its log is above")
+    result = json.loads(lines[-1][len("RESULT "):])
+    print(f"--- {part}: {json.dumps({k: round(v, 2) for k, v in result.items()})}", flush=True)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=512)
+    p.add_argument("--work", type=Path, default=Path("/tmp/rayline-bench"))
+    p.add_argument("--part", choices=["hf", "vllm", "rayline"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    w = workload(args.work, args.prompts)
+    if args.part:
+        result = {"hf": part_hf, "vllm": part_vllm}.get(args.part, lambda w: part_rayline(w, args.work))(w)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+
+    hf, vllm, rl = run_part("hf", args), run_part("vllm", args), run_part("rayline", args)
+    print(f"\nworkload: {args.prompts} prompts, {sum(w['lengths']):,} output tokens (16-256 each), small model, "
+          f"dtype {ENGINE['dtype']}, {os.cpu_count()} CPUs")
+    print(f"(a) hf generate, static batches:  {hf['tokens_per_s']:8.1f} tok/s "
+          f"(batch 32: {hf['batch_32']:.1f}, batch 64: {hf['batch_64']:.1f})")
+    print(f"(b) vllm LLM.generate:            {vllm['tokens_per_s']:8.1f} tok/s steady state, "
+          f"{vllm['e2e_tokens_per_s']:.1f} tok/s end to end (import + engine start {vllm['startup_s']:.1f} s)")
+    print(f"(c) rayline batch stage:          {rl['tokens_per_s']:8.1f} tok/s steady state, "
+          f"{rl['e2e_tokens_per_s']:.1f} tok/s end to end ({rl['e2e_s']:.1f} s, ~{rl['startup_s']:.1f} s start-up)")
+    print(f"rayline vs hf generate: {rl['tokens_per_s'] / hf['tokens_per_s']:.1f}x")
+    print(f"rayline vs vllm (steady state): {rl['tokens_per_s'] / vllm['tokens_per_s']:.2f}x")
+    # End to end compares like with like: each side's tokens over its own start-up + generation time.
+    print(f"rayline vs vllm (end to end): {rl['e2e_tokens_per_s'] / vllm['e2e_tokens_per_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Serving: rayline's Ray Serve LLM app vs vLLM's own OpenAI server, same `small` model, same engine, same load.
+
+    eval "$(python -m pipelines.stack env)"      # the local stack (Ray head + MLflow) must be up
+    python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--skip-rollout]
+
+Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
+(ignore_eos) from `--concurrency` concurrent clients on loopback; reported: output tokens/s and
+time to first token p50/p99. vLLM runs as `python -m vllm.entrypoints.openai.api_server` with the
+engine arguments rayline's serving config gives its engine (serve/engine.py), so only the serving
+path differs. Then the rollout time of the `tiny` model (alias set -> new version answering) is
+measured with the real rollout. The last lines are the throughput ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipelines.config import from_dict  # noqa: E402
+from pipelines.sample_corpus import WORDS  # noqa: E402
+from serve import engine as eng  # noqa: E402
+from serve.app import ServedModel, render_serve_config  # noqa: E402
+from serve.deploy_target import LocalServe  # noqa: E402
+from serve.serve_config import Config as ServeConfig  # noqa: E402
+from serve.verify import wait_until_answering, wait_until_healthy  # noqa: E402
+
+ENGINE = {
+    "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 64, "dtype": "float32", "enforce_eager": True,
+    "enable_prefix_caching": True, "enable_chunked_prefill": True, "kv_cache_memory_bytes": 512 * eng.MiB,
+    "cpus_per_engine": 1.0,
+}
+# The tuned serving settings (serve/serve_config.py): one ingress, no access log, streamed tokens sent
+# on in batches so the per-token hops through Serve cost less CPU.
+SERVE = {"app_name": "rayline-bench", "route_prefix": "/", "served_model_id": "rayline", "ingress_cpus": 0.1,
+         "ingress_replicas": 1, "max_ongoing_requests": 512, "stream_batching_interval_ms": 100.0}
+
+
+@dataclass
+class LoadResult:
+    concurrency: int
+    requests: int
+    tokens_per_s: float
+    ttft_p50: float
+    ttft_p99: float
+    failed: int
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
+
+
+async def _one(client, url: str, prompt: str, max_tokens: int) -> tuple[float, int]:
+    """One streamed completion -> (time to first token, output tokens)."""
+    body = {"model": "rayline", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    start, ttft, last = time.perf_counter(), None, ""
+    async with client.stream("POST", f"{url}/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if ttft is None:
+                ttft = time.perf_counter() - start
+            last = line
+    usage = json.loads(last[len("data: "):]).get("usage") or {}
+    return ttft or float("nan"), int(usage.get("completion_tokens", 0))
+
+
+async def _load(url: str, concurrency: int, requests: int, max_tokens: int) -> LoadResult:
+    import httpx
+
+    prompts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(32)) for i in range(requests)]
+    queue: asyncio.Queue = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    ttfts, tokens, failed = [], [], 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        async def worker():
+            nonlocal failed
+            while not queue.empty():
+                prompt = queue.get_nowait()
+                try:
+                    ttft, n = await _one(client, url, prompt, max_tokens)
+                    ttfts.append(ttft)
+                    tokens.append(n)
+                except Exception:
+                    failed += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return LoadResult(concurrency, requests, sum(tokens) / wall, percentile(ttfts, 0.5), percentile(ttfts, 0.99), failed)
+
+
+def run_load(url: str, concurrency: int, requests: int, max_tokens: int) -> LoadResult:
+    asyncio.run(_load(url, min(4, concurrency), min(8, requests), 16))  # warm-up: connections, caches
+    return asyncio.run(_load(url, concurrency, requests, max_tokens))
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"{url}: no answer after {timeout_s}s")
+
+
+def vllm_cli_args(engine_cfg: eng.EngineConfig) -> list[str]:
+    """rayline's engine kwargs as `vllm.entrypoints.openai.api_server` flags."""
+    args = []
+    for k, v in eng.vllm_engine_kwargs(engine_cfg).items():
+        flag = "--" + k.replace("_", "-")
+        args += [flag if v else "--no-" + flag[2:]] if isinstance(v, bool) else [flag, str(v)]
+    return args
+
+
+def bench_vllm(model_dir: Path, engine_cfg: eng.EngineConfig, port: int, args, log_path: Path) -> list[LoadResult]:
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", "rayline", "--host", "127.0.0.1", "--port", str(port),
+           "--disable-uvicorn-access-log", *vllm_cli_args(engine_cfg)]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 900, proc)
+        return [run_load(f"http://127.0.0.1:{port}/v1", c, args.requests, args.max_tokens) for c in args.concurrency]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own session: it and its engine processes
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def bench_rayline(model_dir: Path, args) -> list[LoadResult]:
+    cfg = from_dict(ServeConfig, {**SERVE, "engine": {"model": str(model_dir), **ENGINE}})
+    model = ServedModel(source=str(model_dir), ref=str(model_dir))
+    target = LocalServe(cfg.app_name)
+    try:
+        start = time.time()
+        target.apply(render_serve_config(cfg, model))
+        healthy = wait_until_healthy(target.state, model, 900, fail_fast=False, applied_at=start)
+        answer = healthy.ok and wait_until_answering(cfg.base_url(), cfg.served_model_id, model.label, "hi", 120).ok
+        if not answer:
+            raise RuntimeError(f"rayline app did not come up: {healthy.reason or target.state()}")
+        return [run_load(cfg.base_url(), c, args.requests, args.max_tokens) for c in args.concurrency]
+    finally:
+        target.delete()
+
+
+def bench_rollout(work: Path) -> float:
+    """Seconds from setting the alias to the new version answering, with the tiny model and the real rollout."""
+    from pipelines import registry
+    from pipelines.tiny_model import build_tiny_model
+    from serve.rollout import DEPLOYED, Rollout
+    from serve.rollout_config import Config as RolloutConfig
+
+    name = "rayline-bench-tiny"
+    dirs = [build_tiny_model(work / f"tiny-{s}", "tiny", seed=s) for s in (0, 1)]
+    try:
+        registry.client().delete_registered_model(name)
+    except Exception:
+        pass
+    with registry.start_run("rayline-bench", "register-tiny") as run:
+        versions = [registry.register_checkpoint(name, str(d), run_id=run.info.run_id,
+                                                 tags={"eval.exact_match": "1.0"}).version for d in dirs]
+    tiny_engine = {**ENGINE, "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 64 * eng.MiB,
+                   "cpus_per_engine": 0.5, "model": f"models:/{name}@champion"}
+    serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-rollout", "engine": tiny_engine})
+    rollout = Rollout(RolloutConfig(model=name, triggered_by="bench"), serve_cfg)
+    try:
+        registry.set_alias(name, "champion", versions[0])
+        first = rollout.once()
+        if first.status != DEPLOYED:
+            raise RuntimeError(first.line())
+        start = time.time()
+        registry.set_alias(name, "champion", versions[1])
+        second = rollout.once()
+        if second.status != DEPLOYED:
+            raise RuntimeError(second.line())
+        return time.time() - start
+    finally:
+        rollout.target.delete()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[32, 64])
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--vllm-port", type=int, default=8199)
+    p.add_argument("--work-dir", default=str(Path.home() / ".cache" / "rayline" / "bench"),
+                   help="where the models and the vLLM server log go")
+    p.add_argument("--skip-rollout", action="store_true")
+    args = p.parse_args(argv)
+    if not os.environ.get("RAY_ADDRESS", "").startswith("http"):
+        raise SystemExit('the local stack env is not set: eval "$(python -m pipelines.stack env)" first')
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = work / "small"
+    if not (model_dir / "model.safetensors").exists():
+        from pipelines.tiny_model import build_tiny_model
+
+        build_tiny_model(model_dir, "small", seed=0)
+    engine_cfg = from_dict(eng.EngineConfig, {"model": str(model_dir), **ENGINE})
+
+    vllm = bench_vllm(model_dir, engine_cfg, args.vllm_port, args, work / "vllm_server.log")
+    rayline = bench_rayline(model_dir, args)
+    rollout_s = None if args.skip_rollout else bench_rollout(work)
+
+    print(f"\n{'server':10} {'streams':>7} {'requests':>8} {'failed':>6} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9}")
+    for label, results in (("vllm", vllm), ("rayline", rayline)):
+        for r in results:
+            print(f"{label:10} {r.concurrency:7d} {r.requests:8d} {r.failed:6d} {r.tokens_per_s:8.1f} "
+                  f"{r.ttft_p50:8.3f}s {r.ttft_p99:8.3f}s")
+    for v, r in zip(vllm, rayline):
+        print(f"TTFT p50 rayline vs vllm server ({v.concurrency} streams): {r.ttft_p50 / v.ttft_p50:.2f}x")
+    if rollout_s is not None:
+        print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
+    ratios = {}
+    for v, r in zip(vllm, rayline):
+        ratios[v.concurrency] = r.tokens_per_s / v.tokens_per_s
+        print(f"rayline vs vllm server ({v.concurrency} streams): {ratios[v.concurrency]:.2f}x")
+    return {"vllm": vllm, "rayline": rayline, "rollout_s": rollout_s, "ratios": ratios}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The data stage's config: what to read, how to clean and tokenize it, where the prepared version goes.
+
+`configs/data/*.yaml` mirror this dataclass field for field; `python -m pipelines.prepare_data --config
+FILE key=value ...` builds it with `pipelines.config.load_config`, so a bad field fails before Ray starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipelines.config import config_hash, require, to_dict
+
+# Fields that say where or how to run, not what the data is: they stay out of the dataset version.
+NOT_IN_VERSION = ("output_uri", "overwrite", "mlflow_experiment", "tokenizer", "tokenize_batch_size")
+
+
+@dataclass
+class Config:
+    inputs: list[str]
+    """Files or directories (local paths or s3:// URIs) of training records."""
+    output_uri: str
+    """Where versions go: `<output_uri>/<version>/{manifest.json,train/,eval/,rejects/}`."""
+    tokenizer: str
+    """A local path, an s3:// URI, a Hugging Face id or `models:/name@alias` (its tokenizer files are used)."""
+    format: Literal["chat", "instruction", "text"] = "chat"
+    """Record format, declared rather than guessed: chat `messages`, instruction `prompt`/`response`, raw `text`."""
+    eval_inputs: list[str] = field(default_factory=list)
+    """Records that form the eval split as they are; when given, no random split of `inputs` happens."""
+    file_format: Literal["auto", "jsonl", "parquet", "text"] = "auto"
+    """`auto` picks by extension (.jsonl/.json/.ndjson, .parquet, .txt) and refuses any other file."""
+    seq_len: int = 2048
+    """Tokens per output row."""
+    packing: Literal["pack", "pad"] = "pack"
+    """`pack` puts several examples in a row (segment_ids keep them apart); `pad` gives each its own row."""
+    eval_fraction: float = 0.05
+    """Share of `inputs` records that go to eval, chosen by a hash of content and seed (ignored with eval_inputs)."""
+    seed: int = 0
+    """Seeds the shuffle order and the train/eval split."""
+    num_shards: int = 8
+    """Hash buckets of examples; each becomes one Parquet file per split, written by one task."""
+    max_reject_fraction: float = 0.05
+    """The run fails at the end (rejects still written, no manifest) when more records than this are rejected."""
+    min_chars: int = 1
+    """Records whose cleaned content is shorter are rejected as too_short."""
+    max_chars: int = 200_000
+    """Records whose cleaned content is longer are rejected as too_long_chars (before tokenizing)."""
+    truncate: bool = False
+    """Chat/instruction examples over seq_len tokens: cut to seq_len if true, else rejected as too_long.
+    Raw text documents over seq_len are always split into seq_len pieces, as continued pre-training does."""
+    dedup: bool = True
+    """Drop exact duplicates of normalised content (across all inputs; an eval copy wins over a train copy)."""
+    unicode_form: Literal["NFC", "NFKC", "none"] = "NFC"
+    """Unicode normalisation applied to every text field."""
+    append_eos: bool = True
+    """Raw text format: end each document with the tokenizer's eos token."""
+    text_field: str = "text"
+    """Raw text format in JSONL/Parquet: the field holding the text (plain .txt files: one record per line)."""
+    prompt_field: str = "prompt"
+    response_field: str = "response"
+    system_field: str = "system"
+    """Instruction format: field names; the optional system field becomes a system message."""
+    chat_template: str | None = None
+    """A Jinja chat template file (path or s3://) used instead of the tokenizer's; it must mark assistant
+    turns with `{% generation %}` so labels can be masked."""
+    tokenize_batch_size: int = 1024
+    """Records per batched tokenizer call."""
+    overwrite: bool = False
+    """Rebuild a version whose manifest already exists (otherwise the run returns it untouched)."""
+    mlflow_experiment: str = "rayline-data"
+
+    def __post_init__(self):
+        require(len(self.inputs) > 0, "inputs", "give at least one file or directory")
+        for name in ("inputs", "eval_inputs"):
+            for i, uri in enumerate(getattr(self, name)):
+                require(bool(str(uri).strip()), f"{name}[{i}]", "empty path")
+        require(bool(self.output_uri.strip()), "output_uri", "empty path")
+        require(bool(self.tokenizer.strip()), "tokenizer", "empty; give a path, s3:// URI, hub id or models:/ ref")
+        require(8 <= self.seq_len <= 1 << 20, "seq_len", f"{self.seq_len} is out of range (8 .. 1048576)")
+        require(0.0 <= self.eval_fraction < 1.0, "eval_fraction", f"{self.eval_fraction} must be in [0, 1)")
+        require(0.0 <= self.max_reject_fraction <= 1.0, "max_reject_fraction", "must be in [0, 1]")
+        require(1 <= self.num_shards <= 100_000, "num_shards", f"{self.num_shards} must be in 1 .. 100000")
+        require(0 <= self.min_chars <= self.max_chars, "min_chars", "must be >= 0 and <= max_chars")
+        require(self.tokenize_batch_size >= 1, "tokenize_batch_size", "must be >= 1")
+
+
+def version_config(cfg: Config) -> dict:
+    """The part of the config that decides the output's content (what the version hashes)."""
+    return {k: v for k, v in to_dict(cfg).items() if k not in NOT_IN_VERSION}
+
+
+def content_config_hash(cfg: Config) -> str:
+    return config_hash(version_config(cfg))

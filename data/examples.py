@@ -1,0 +1,126 @@
+"""Raw input lines -> example rows: validated, cleaned, rendered with the chat template, keyed for dedup.
+
+This is the streaming half of the stage (it runs fused with the read tasks). Each output row is either
+an example (reason == "") with its rendered `text` and the character `spans` the loss is computed on,
+or a reject (reason set) that keeps its source, line and raw text. Both carry a `bucket`: examples by
+their content hash, so exact duplicates meet in the same bucket whichever files they came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from data.records import Messages, RecordRules, Reject, content_bytes, parse_record
+
+TRAIN, EVAL = 0, 1
+
+EXAMPLE_SCHEMA = pa.schema([
+    ("bucket", pa.int32()),
+    ("key0", pa.uint64()),  # 128-bit hash of normalised content, in two halves: exact-dedup key
+    ("key1", pa.uint64()),
+    ("order", pa.uint64()),  # seeded hash of the key: the deterministic shuffle order
+    ("split", pa.int8()),
+    ("source", pa.string()),
+    ("line", pa.int64()),
+    ("reason", pa.string()),
+    ("detail", pa.string()),
+    ("raw", pa.large_string()),
+    ("text", pa.large_string()),
+    ("spans", pa.list_(pa.int32())),  # flat [start, end, start, end, ...] character spans with labels
+])
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """How content becomes the text the tokenizer sees."""
+
+    chat_template: str | None
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    eos_token: str = ""
+    append_eos: bool = True
+
+
+@dataclass(frozen=True)
+class ExamplePlan:
+    """Everything the streaming half needs, shipped to every read task."""
+
+    rules: RecordRules
+    template: TemplateSpec
+    num_shards: int
+    seed: int
+    eval_fraction: float
+    seq_len: int
+
+
+def render(content: Messages | str, template: TemplateSpec) -> tuple[str, list[int]] | Reject:
+    """Text for the tokenizer plus flat [start, end, ...] character spans whose tokens are labels."""
+    if isinstance(content, str):
+        text = content + (template.eos_token if template.append_eos else "")
+        return text, [0, len(text)]
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": r, "content": c} for r, c in content]
+    try:
+        rendered, indices = render_jinja_template(
+            [messages], chat_template=template.chat_template, return_assistant_tokens_mask=True,
+            **template.special_tokens,
+        )
+    except Exception as e:  # a template may raise on purpose (e.g. "roles must alternate")
+        return Reject("template_error", f"{type(e).__name__}: {e}")
+    spans = [pos for start, end in indices[0] for pos in (start, end) if end > start]
+    if not spans:
+        return Reject("no_assistant_turn", "the chat template rendered no assistant ({% generation %}) text")
+    return rendered[0], spans
+
+
+def keys(content: bytes, seed: int) -> tuple[int, int, int, float]:
+    """(key0, key1, order, u): content hash halves, seeded order, and a seeded uniform in [0, 1) for the split."""
+    digest = hashlib.blake2b(content, digest_size=16).digest()
+    seeded = hashlib.blake2b(digest, digest_size=16, key=seed.to_bytes(8, "little", signed=True)).digest()
+    return (int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little"),
+            int.from_bytes(seeded[:8], "little"), int.from_bytes(seeded[8:], "little") / 2.0**64)
+
+
+def _raw_text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(raw)  # keeps every byte the user gave, readably
+
+
+def to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
+    """Map a block of raw lines (source, line, raw, kind, split) to EXAMPLE_SCHEMA rows, one per line."""
+    cols: dict[str, list] = {name: [] for name in EXAMPLE_SCHEMA.names}
+    sources = block.column("source").to_pylist()
+    lines = block.column("line").to_pylist()
+    raws = block.column("raw").to_pylist()
+    kinds = block.column("kind").to_pylist()
+    splits = block.column("split").to_pylist()
+    carry_raw_from = plan.seq_len  # see below: only texts this long can exceed seq_len tokens
+    for source, line, raw, kind, split in zip(sources, lines, raws, kinds, splits):
+        result = parse_record(raw, kind, plan.rules)
+        if not isinstance(result, Reject):
+            content = result
+            result = render(content, plan.template)
+        if isinstance(result, Reject):
+            bucket = zlib.crc32(f"{source}:{line}".encode()) % plan.num_shards
+            values = (bucket, None, None, None, split, source, line, result.reason, result.detail,
+                      _raw_text(raw), None, None)
+        else:
+            text, spans = result
+            key0, key1, order, u = keys(content_bytes(content), plan.seed)
+            if split == TRAIN and u < plan.eval_fraction:
+                split = EVAL
+            # A token covers at least one byte, so only a text of >= seq_len bytes can become too_long;
+            # keep the raw record for those alone, so the shuffle does not carry every record twice.
+            n_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))
+            keep_raw = isinstance(content, list) and n_bytes + 8 >= carry_raw_from
+            values = (key0 % plan.num_shards, key0, key1, order, split, source, line, "", "",
+                      _raw_text(raw) if keep_raw else None, text, spans)
+        for name, value in zip(EXAMPLE_SCHEMA.names, values):
+            cols[name].append(value)
+    return pa.table(cols, schema=EXAMPLE_SCHEMA)

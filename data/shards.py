@@ -1,0 +1,164 @@
+"""One hash bucket of examples -> its Parquet shards and rejects file, plus the counts the manifest adds up.
+
+This is the second half of the stage, run once per bucket after the shuffle that brought every copy of
+an example into the same bucket: exact dedup, the deterministic shuffle order, tokenizing, the too_long
+policy, packing (or padding), and writing
+    <version>/train/part-<bucket>.parquet, <version>/eval/part-<bucket>.parquet, <version>/rejects/part-<bucket>.jsonl
+File names are fixed by the bucket, so a retried task overwrites its own output instead of adding to it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from data.examples import EVAL, TRAIN
+from data.prepared import COLUMNS, ROW_SCHEMA
+from data.packing import IGNORE, PackedRows, pack_sequences, pad_sequences
+from data.tokens import encode_with_labels, load_backend, set_thread_count
+from pipelines import storage
+
+SPLITS = {TRAIN: "train", EVAL: "eval"}
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Everything a bucket task needs; built by the driver, shipped to every actor."""
+
+    version_uri: str
+    backend_json: str  # the Rust tokenizer exactly as transformers configured it (tokenizer.backend_tokenizer)
+    format: str
+    seq_len: int
+    packing: str
+    truncate: bool
+    dedup: bool
+    seed: int
+    pad_id: int
+    tokenize_batch_size: int
+    tokenizer_threads: int = 1
+
+
+def dedup_examples(good: pa.Table, dedup: bool) -> tuple[pa.Table, int]:
+    """Keep one row per content key (an eval copy before a train copy, then the first source and line),
+    in the seeded shuffle order. Returns the kept rows and how many duplicates were dropped."""
+    if dedup and good.num_rows:
+        good = good.sort_by([("key0", "ascending"), ("key1", "ascending"), ("split", "descending"),
+                             ("source", "ascending"), ("line", "ascending")])
+        k0, k1 = good["key0"].to_numpy(), good["key1"].to_numpy()
+        first = np.ones(good.num_rows, bool)
+        first[1:] = (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])
+        dropped = int(good.num_rows - first.sum())
+        good = good.filter(pa.array(first))
+    else:
+        dropped = 0
+    return good.sort_by([("order", "ascending"), ("key1", "ascending")]), dropped
+
+
+def tokenize_examples(backend, examples: pa.Table, plan: ShardPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat ids, flat labels and lengths for every row of `examples`, in row order."""
+    parts = []
+    for start in range(0, examples.num_rows, plan.tokenize_batch_size):
+        chunk = examples.slice(start, plan.tokenize_batch_size)
+        spans = None if plan.format == "text" else chunk["spans"].to_pylist()
+        parts.append(encode_with_labels(backend, chunk["text"].to_pylist(), spans))
+    if not parts:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64)
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
+
+
+def apply_length_policy(ids, labels, lengths, plan: ShardPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Chat examples over seq_len are cut (truncate) or rejected; raw text is left for packing to split.
+
+    Returns (ids, labels, lengths) of the kept examples, the kept mask and a per-example truncated mask.
+    An example cut down to no label at all is rejected too: it would teach nothing.
+    """
+    n = len(lengths)
+    over = lengths > plan.seq_len
+    if plan.format == "text" or not over.any():
+        return ids, labels, lengths, np.ones(n, bool), np.zeros(n, bool)
+    position = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    if not plan.truncate:
+        keep = ~over
+        token_keep = np.repeat(keep, lengths)
+        return ids[token_keep], labels[token_keep], lengths[keep], keep, np.zeros(n, bool)
+    token_keep = position < plan.seq_len
+    ids, labels, lengths = ids[token_keep], labels[token_keep], np.minimum(lengths, plan.seq_len)
+    example = np.repeat(np.arange(n), lengths)
+    has_label = np.bincount(example, weights=(labels != IGNORE).astype(np.float64), minlength=n) > 0
+    keep = ~(over & ~has_label)
+    token_keep = np.repeat(keep, lengths)
+    return ids[token_keep], labels[token_keep], lengths[keep], keep, over & keep
+
+
+def rows_table(packed: PackedRows) -> pa.Table:
+    rows, seq_len = packed.input_ids.shape
+    offsets = pa.array(np.arange(0, rows * seq_len + 1, seq_len, dtype=np.int32))
+    arrays = [pa.ListArray.from_arrays(offsets, pa.array(getattr(packed, name).reshape(-1))) for name in COLUMNS]
+    return pa.Table.from_arrays(arrays, schema=ROW_SCHEMA)
+
+
+def _reject_lines(table: pa.Table, reasons: list[str] | None = None, details: list[str] | None = None) -> list[dict]:
+    cols = {name: table[name].to_pylist() for name in ("source", "line", "reason", "detail", "raw", "text")}
+    out = []
+    for i in range(table.num_rows):
+        raw = cols["raw"][i] if cols["raw"][i] is not None else cols["text"][i]
+        out.append({"source": cols["source"][i], "line": cols["line"][i],
+                    "reason": reasons[i] if reasons else cols["reason"][i],
+                    "detail": details[i] if details else cols["detail"][i], "raw": raw})
+    return out
+
+
+def build_shard(group: pa.Table, backend, plan: ShardPlan) -> dict:
+    """Dedup, tokenize, pack and write one bucket; return its counts (see `data.manifest.add_up`)."""
+    bucket = int(group["bucket"][0].as_py())
+    is_reject = pc.not_equal(group["reason"], "")
+    rejects = _reject_lines(group.filter(is_reject))
+    examples, deduplicated = dedup_examples(group.filter(pc.invert(is_reject)), plan.dedup)
+    ids, labels, lengths = tokenize_examples(backend, examples, plan)
+    ids, labels, lengths, kept, truncated = apply_length_policy(ids, labels, lengths, plan)
+    if not kept.all():
+        dropped = examples.filter(pa.array(~kept))
+        too_long = ["too_long"] * dropped.num_rows
+        details = [f"over seq_len {plan.seq_len} tokens" + ("" if not plan.truncate else
+                   "; no assistant token left after truncation") for _ in range(dropped.num_rows)]
+        rejects += _reject_lines(dropped, too_long, details)
+        examples = examples.filter(pa.array(kept))
+    split = examples["split"].to_numpy()
+    stats = {"bucket": bucket, "read": group.num_rows, "rejected_by_reason": dict(Counter(r["reason"] for r in rejects)),
+             "deduplicated": deduplicated, "truncated": int(truncated.sum()), "splits": {}}
+    for code, name in SPLITS.items():
+        mine = split == code
+        token_mine = np.repeat(mine, lengths)
+        pack = pack_sequences if plan.packing == "pack" else pad_sequences
+        packed = pack(ids[token_mine], labels[token_mine], lengths[mine], plan.seq_len, plan.pad_id)
+        # Rows come out longest-first from best-fit; a seeded permutation spreads them again.
+        packed = packed.take(np.random.default_rng([plan.seed, bucket, code]).permutation(packed.rows))
+        stats["splits"][name] = {"rows": packed.rows, "examples": int(mine.sum()), "tokens": packed.tokens,
+                                 "loss_tokens": packed.loss_tokens}
+        if packed.rows:
+            fs, path = storage.resolve(storage.join(plan.version_uri, name, f"part-{bucket:05d}.parquet"))
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            pq.write_table(rows_table(packed), path, filesystem=fs)
+    if rejects:
+        rejects.sort(key=lambda r: (r["source"], r["line"]))
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects)
+        storage.write_text(storage.join(plan.version_uri, "rejects", f"part-{bucket:05d}.jsonl"), text)
+    return stats
+
+
+class ShardBuilder:
+    """Ray Data callable class for `map_groups`: loads the tokenizer once per actor, builds each bucket."""
+
+    def __init__(self, plan: ShardPlan):
+        set_thread_count(plan.tokenizer_threads)
+        self.plan = plan
+        self.backend = load_backend(plan.backend_json)
+
+    def __call__(self, group: pa.Table) -> pa.Table:
+        return pa.table({"stats": [json.dumps(build_shard(group, self.backend, self.plan))]})

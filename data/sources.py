@@ -1,0 +1,136 @@
+"""Input files: finding them under the configured URIs, hashing their bytes, and reading them as raw lines.
+
+`read_lines` streams a file as blocks of (source, line, raw bytes) without parsing (the stage's Ray Data
+datasource, `data.prepare.LinesDatasource`, runs it in read tasks), so a malformed line is a row like any other and becomes a reject with its line number
+instead of failing the read. JSONL and text files are read line by line (blank lines are separators, not
+records); Parquet rows are re-serialised as JSON, with their 0-based row index as `line`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import posixpath
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipelines import storage
+
+EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
+LINES_SCHEMA = pa.schema([
+    ("source", pa.string()), ("line", pa.int64()), ("raw", pa.large_binary()), ("kind", pa.string()),
+    ("split", pa.int8()),
+])
+_CHUNK_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    uri: str
+    kind: str  # jsonl | parquet | text
+    split: int  # 0: from `inputs`, 1: from `eval_inputs`
+    size: int
+
+
+def _kind(uri: str, file_format: str, where: str) -> str | None:
+    if file_format != "auto":
+        return file_format
+    name = posixpath.basename(uri)
+    if name.startswith((".", "_")):
+        return None  # _SUCCESS markers, .crc files and the like are not data
+    ext = posixpath.splitext(name)[1].lower()
+    if ext not in EXTENSIONS:
+        raise ValueError(f"{where}: {uri} has extension {ext or '(none)'!r}; expected one of "
+                         f"{', '.join(sorted(EXTENSIONS))} or set file_format")
+    return EXTENSIONS[ext]
+
+
+def discover(uris: list[str], file_format: str, split: int, field: str) -> list[SourceFile]:
+    """Every input file under `uris` (files or directories, local or s3://), in a stable order."""
+    out: list[SourceFile] = []
+    for i, uri in enumerate(uris):
+        where = f"{field}[{i}]"
+        fs, path = storage.resolve(uri)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"{where}: {uri} does not exist")
+        if info.type == pafs.FileType.File:
+            found = [(uri, info.size)]
+        else:
+            selector = pafs.FileSelector(path, recursive=True)
+            infos = sorted((i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File), key=lambda i: i.path)
+            found = [(storage.join(uri, posixpath.relpath(i.path, path)), i.size) for i in infos]
+        files = [SourceFile(u, k, split, size) for u, size in found if (k := _kind(u, file_format, where))]
+        if not files:
+            raise FileNotFoundError(f"{where}: {uri} holds no input files ({', '.join(sorted(EXTENSIONS))})")
+        out.extend(files)
+    return out
+
+
+def hash_file(uri: str) -> str:
+    """sha256 of a file's bytes, streamed."""
+    fs, path = storage.resolve(uri)
+    h = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _block(f: SourceFile, lines: list[int], raws: list[bytes]) -> pa.Table:
+    n = len(lines)
+    return pa.table({
+        "source": pa.array([f.uri] * n, pa.string()), "line": pa.array(lines, pa.int64()),
+        "raw": pa.array(raws, pa.large_binary()), "kind": pa.array([f.kind] * n, pa.string()),
+        "split": pa.array([f.split] * n, pa.int8()),
+    }, schema=LINES_SCHEMA)
+
+
+def read_lines(f: SourceFile, block_rows: int) -> Iterator[pa.Table]:
+    """Blocks of up to `block_rows` records from one file; line numbers are 1-based (Parquet: row index)."""
+    fs, path = storage.resolve(f.uri)
+    if f.kind == "parquet":
+        row = 0
+        for batch in pq.ParquetFile(fs.open_input_file(path)).iter_batches(batch_size=block_rows):
+            raws = [json.dumps(r, ensure_ascii=False, default=str).encode("utf-8") for r in batch.to_pylist()]
+            yield _block(f, list(range(row, row + len(raws))), raws)
+            row += len(raws)
+        return
+    lines: list[int] = []
+    raws: list[bytes] = []
+    number = 0
+    rest = b""
+    with fs.open_input_stream(path) as stream:
+        while True:
+            chunk = stream.read(_CHUNK_BYTES)
+            parts = (rest + chunk).split(b"\n")
+            rest = parts.pop() if chunk else b""
+            for part in parts:
+                number += 1
+                if part.strip():
+                    lines.append(number)
+                    raws.append(part[:-1] if part.endswith(b"\r") else part)
+            if len(lines) >= block_rows or (not chunk and lines):
+                yield _block(f, lines, raws)
+                lines, raws = [], []
+            if not chunk:
+                return
+
+
+def group_files(files: list[SourceFile], parallelism: int) -> list[list[SourceFile]]:
+    """Files per read task: one each, unless there are many more files than tasks wanted, then
+    `parallelism` groups balanced by size (largest file first, into the currently smallest group)."""
+    if len(files) <= 2 * max(parallelism, 1):
+        return [[f] for f in files]
+    groups: list[list[SourceFile]] = [[] for _ in range(max(parallelism, 1))]
+    heap = [(0, i) for i in range(len(groups))]
+    for f in sorted(files, key=lambda f: -f.size):
+        size, i = heapq.heappop(heap)
+        groups[i].append(f)
+        heapq.heappush(heap, (size + f.size, i))
+    return [g for g in groups if g]

@@ -1,0 +1,62 @@
+"""Render a stage config into a validated KubeRay manifest (RayJob, or RayService for serving).
+
+    python -m pipelines.render --stage data|train|tune|batch_infer|rollout|serve --config configs/...yaml
+                               [--profile configs/k8s/default.yaml] [--image IMAGE] [-o rayjobs/FILE.yaml]
+    python -m pipelines.render --shipped     # re-render every manifest in rayjobs/ from configs/
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from pipelines.config import ConfigError
+from rayjobs import render, stages
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--stage", choices=sorted(stages.STAGES))
+    p.add_argument("--config", "-c")
+    p.add_argument("--profile", default=None, help="cluster profile YAML (default configs/k8s/default.yaml)")
+    p.add_argument("--image", default=None, help="container image (its tag must carry the pinned Ray version)")
+    p.add_argument("--crd-dir", default=None, help="KubeRay CRDs to validate against (default ../shared/kuberay-crds/v1.7.0)")
+    p.add_argument("-o", "--out", default=None, help="write here (default: print)")
+    p.add_argument("--shipped", action="store_true", help="re-render rayjobs/*.yaml from the shipped configs")
+    p.add_argument("overrides", nargs="*", help="stage config key=value overrides")
+    args = p.parse_args(argv)
+    try:
+        profile = render.load_profile(args.profile, args.image)
+        if args.shipped:
+            results = render.render_shipped(profile=profile)
+        elif not (args.stage and args.config):
+            p.error("--stage and --config are required (or --shipped)")
+        elif args.out:
+            results = {args.out: render.render_to_file(args.stage, args.config, args.out, profile, args.overrides,
+                                                       args.crd_dir)}
+        else:
+            from rayjobs.validate import validate_manifest
+
+            doc = render.render(args.stage, args.config, profile, args.overrides)
+            results = {"<stdout>": validate_manifest(doc, crd_dir=args.crd_dir, project_root=stages.PROJECT_ROOT)}
+            if not results["<stdout>"]:
+                print(yaml.safe_dump(doc, sort_keys=False))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    failed = False
+    for target, problems in results.items():
+        if problems:
+            failed = True
+            for prob in problems:
+                print(f"{target}: {prob.path}: {prob.message} [{prob.layer}]" if hasattr(prob, "path")
+                      else f"{target}: {prob}", file=sys.stderr)
+        else:
+            print(f"{target}: rendered and validated (not applied)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Promotion -> rollout: serve the version an MLflow alias points at (gate, deploy, verify, record, roll back).
+
+    python -m pipelines.rollout --model rayline-tiny [--alias champion] [--watch] [--config configs/rollout/tiny.yaml] [key=value ...]
+
+Without --watch it makes one attempt and exits (what a RayJob runs): 0 when the alias's version is
+serving afterwards (deployed or unchanged) or the alias is unset, 1 when it was refused or rolled back.
+With --watch it follows the alias until stopped: polling, plus MLflow webhook calls when
+`webhook_port` is set. See serve/rollout.py for the steps and serve/rollout_record.py for what is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pipelines.config import ConfigError, load_config
+from serve.rollout import DEPLOYED, SKIPPED, UNCHANGED, RolloutResult, main
+from serve.rollout_config import Config
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", "-c", help="rollout YAML (serve/rollout_config.py), e.g. configs/rollout/tiny.yaml")
+    p.add_argument("--model", help="registered model name (default: from the serving config's engine.model)")
+    p.add_argument("--alias", help="alias to follow (default: champion)")
+    p.add_argument("--watch", action="store_true", help="keep following the alias (poll + webhook)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. gate.check_artifacts=false poll_interval_s=5")
+    args = p.parse_args(argv)
+    overrides = list(args.overrides)
+    overrides += [f"model={args.model}"] if args.model else []
+    overrides += [f"alias={args.alias}"] if args.alias else []
+    overrides += ["watch=true"] if args.watch else []
+    try:
+        return load_config(Config, args.config, overrides)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}") from None
+
+
+def cli(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    result = main(parse_args(argv))
+    results = result if isinstance(result, list) else [result]
+    for r in results:
+        print(r.line())
+    ok = all(r.status in (DEPLOYED, UNCHANGED, SKIPPED) for r in results if isinstance(r, RolloutResult))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,91 @@
+"""Deploy the OpenAI-compatible Ray Serve LLM app from a serving config.
+
+    python -m pipelines.serve --config configs/serve/tiny_cpu.yaml [key=value ...]       deploy, wait until it answers
+    python -m pipelines.serve --config configs/serve/tiny_cpu.yaml --render [-o FILE]     print the `serve deploy` config
+    python -m pipelines.serve --config configs/serve/tiny_cpu.yaml --delete               remove the app
+
+Deploying resolves `engine.model` (e.g. models:/rayline-tiny@champion) to one version, pins it in the
+rendered app and sends that to the Ray dashboard (RAY_ADDRESS) as `serve deploy` would. Later
+promotions go through `python -m pipelines.rollout`, which gates, verifies and can roll back.
+`--render` works offline: the app it prints resolves the alias when the cluster builds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+import yaml
+
+from pipelines.config import ConfigError, load_config
+from serve import rollout_record as rec
+from serve.app import render_serve_config, resolve_served_model
+from serve.deploy_target import DeployError, LocalServe
+from serve.serve_config import Config
+from serve.verify import wait_until_answering, wait_until_healthy
+
+
+@dataclass
+class ServeResult:
+    url: str
+    """OpenAI base URL clients use."""
+    model: str
+    """The served version (`name/N`), as responses report it in `system_fingerprint`."""
+    seconds: float
+
+
+def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> ServeResult:
+    """Resolve, render, deploy through the dashboard, and wait until the pinned version answers."""
+    start = time.time()
+    served = resolve_served_model(cfg.engine.model, cfg.model_cache_dir or None)
+    target = LocalServe(cfg.app_name, dashboard_url)
+    target.apply(render_serve_config(cfg, served))
+    healthy = wait_until_healthy(target.state, served, timeout_s, fail_fast=False, applied_at=start)
+    if not healthy.ok:
+        raise DeployError(f"{target.describe()}: {healthy.reason}")
+    answer = wait_until_answering(cfg.base_url(), cfg.served_model_id, served.label, "Hello", 120.0)
+    if not answer.ok:
+        raise DeployError(f"{target.describe()}: {answer.reason}")
+    if served.name and served.version:
+        rec.record_deployed(served.name, served.version, None, f"pipelines.serve ({rec.default_trigger()})", None)
+    return ServeResult(url=cfg.base_url(), model=served.label, seconds=time.time() - start)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", "-c", required=True, help="serving YAML (serve/serve_config.py), e.g. configs/serve/tiny_cpu.yaml")
+    p.add_argument("--render", action="store_true", help="print the `serve deploy` config instead of deploying")
+    p.add_argument("-o", "--out", help="with --render: write the config here")
+    p.add_argument("--delete", action="store_true", help="remove this app from Serve (other apps stay)")
+    p.add_argument("--dashboard", default="", help="Ray dashboard URL (default: RAY_ADDRESS)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. engine.max_num_seqs=32")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(Config, args.config, args.overrides)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}") from None
+    if args.render:
+        text = yaml.safe_dump(render_serve_config(cfg), sort_keys=False)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+        else:
+            print(text, end="")
+        return 0
+    if args.delete:
+        LocalServe(cfg.app_name, args.dashboard).delete()
+        print(f"removed Serve app {cfg.app_name!r}")
+        return 0
+    try:
+        result = main(cfg, args.dashboard)
+    except (DeployError, LookupError, FileNotFoundError) as e:
+        print(f"serve failed: {e}", file=sys.stderr)
+        return 1
+    print(f"serving {result.model} as {cfg.served_model_id!r} at {result.url} (ready in {result.seconds:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

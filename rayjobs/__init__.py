@@ -1,0 +1,1 @@
+"""KubeRay manifests for rayline: rendering helpers and the offline validator (`rayjobs.validate`)."""

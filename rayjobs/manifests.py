@@ -1,0 +1,169 @@
+"""Build KubeRay `ray.io/v1` RayJob and RayService objects from a workload shape and a cluster profile.
+
+Pure functions from (Shape, Profile, ...) to plain dicts; `rayjobs/render.py` derives the shape from a
+stage config and writes the YAML. Security defaults: secrets only through secretKeyRef, Ray token
+auth on (`authOptions.mode: token`), the head Service stays ClusterIP (no dashboard/GCS/client port
+exposed outside the cluster), a dedicated serviceAccount.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+
+import yaml
+
+from rayjobs.cluster_profile import RAY_VERSION, Profile
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a stage needs from the cluster."""
+
+    workers: int
+    """Worker pods."""
+    gpus_per_worker: int = 0
+    cpus_per_worker: str | None = None
+    """Pod CPU (Kubernetes quantity); None = the profile's pod size."""
+    accelerator_type: str | None = None
+    min_workers: int | None = None
+    """Lower bound for autoscaling (RayService); None = fixed size."""
+
+    @property
+    def gpu(self) -> bool:
+        return self.gpus_per_worker > 0
+
+
+def k8s_name(text: str, limit: int = 47) -> str:
+    """A DNS-1035 label from free text (KubeRay caps RayJob/RayService names at 47 characters)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    name = re.sub(r"^[^a-z]+", "", name) or "rayline"
+    return name[:limit].rstrip("-")
+
+
+def _env(profile: Profile, extra: dict[str, str] | None = None) -> list[dict]:
+    env = [
+        {"name": "MLFLOW_TRACKING_URI", "value": profile.mlflow_tracking_uri},
+        {"name": "AWS_REQUEST_CHECKSUM_CALCULATION", "value": "when_required"},
+    ]
+    if profile.s3_endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL", "value": profile.s3_endpoint})
+    refs = profile.secrets
+    for secret, keys, optional in (
+        (refs.s3, ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), False),
+        (refs.mlflow, ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"), True),
+        (refs.hf, ("HF_TOKEN",), True),
+    ):
+        if secret:
+            for key in keys:
+                ref = {"name": secret, "key": key, "optional": True} if optional else {"name": secret, "key": key}
+                env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
+    env += [{"name": k, "value": v} for k, v in (extra or {}).items()]
+    return env
+
+
+def _container(name: str, profile: Profile, cpu: str, memory: str, gpus: int, env: list[dict],
+               ports: list[tuple[str, int]] = ()) -> dict:
+    limits = {"cpu": cpu, "memory": memory}
+    if gpus:
+        limits["nvidia.com/gpu"] = gpus
+    c = {
+        "name": name, "image": profile.image, "imagePullPolicy": "IfNotPresent", "env": copy.deepcopy(env),
+        "resources": {"requests": dict(limits), "limits": dict(limits)},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if profile.working_dir is None:
+        c["workingDir"] = profile.code_dir
+    if ports:
+        c["ports"] = [{"name": n, "containerPort": p} for n, p in ports]
+    return c
+
+
+def _pod(container: dict, profile: Profile, gpu: bool, accelerator_type: str | None = None) -> dict:
+    spec = {
+        "serviceAccountName": profile.service_account,
+        "containers": [container],
+        # Ray's object store and NCCL use /dev/shm; the container default (64 MiB) is far too small.
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": profile.shm_size}}],
+    }
+    if gpu:
+        spec["nodeSelector"] = profile.gpu.node_selector(accelerator_type)
+        spec["tolerations"] = [dict(t) for t in profile.gpu.tolerations]
+    return copy.deepcopy({"spec": spec})
+
+
+def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = None, serve: bool = False) -> dict:
+    """A RayCluster spec: a head that carries no work (num-cpus 0) and one worker group sized by `shape`."""
+    envs = _env(profile, env)
+    head_ports = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001)] + ([("serve", 8000)] if serve else [])
+    head = _container("ray-head", profile, profile.head.cpu, profile.head.memory, 0, envs, head_ports)
+    if shape.gpu:
+        cpu, memory, group = shape.cpus_per_worker or profile.gpu.cpu, profile.gpu.memory, "gpu-workers"
+    else:
+        cpu, memory, group = shape.cpus_per_worker or profile.cpu_worker.cpu, profile.cpu_worker.memory, "cpu-workers"
+    worker = _container("ray-worker", profile, cpu, memory, shape.gpus_per_worker, envs)
+    min_workers = shape.workers if shape.min_workers is None else shape.min_workers
+    worker_group = {
+        "groupName": group,
+        "replicas": shape.workers,
+        "minReplicas": min_workers,
+        "maxReplicas": shape.workers,
+        "rayStartParams": {},
+        "template": _pod(worker, profile, shape.gpu, shape.accelerator_type),
+    }
+    spec = {
+        "rayVersion": RAY_VERSION,
+        "authOptions": {"mode": "token"},
+        "headGroupSpec": {
+            "serviceType": "ClusterIP",
+            "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+            "template": _pod(head, profile, False),
+        },
+        "workerGroupSpecs": [worker_group],
+    }
+    if shape.min_workers is not None and shape.min_workers != shape.workers:
+        spec["enableInTreeAutoscaling"] = True
+    return spec
+
+
+def _metadata(name: str, profile: Profile, stage: str, annotations: dict[str, str] | None = None) -> dict:
+    labels = {"app.kubernetes.io/name": "rayline", "app.kubernetes.io/component": stage.replace("_", "-")}
+    if profile.kueue_queue:
+        labels["kueue.x-k8s.io/queue-name"] = profile.kueue_queue
+    meta = {"name": k8s_name(name), "namespace": profile.namespace, "labels": labels}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def rayjob(name: str, stage: str, entrypoint: str, runtime_env: dict, shape: Shape, profile: Profile,
+           annotations: dict[str, str] | None = None) -> dict:
+    """A RayJob that creates its own cluster, runs `entrypoint`, and deletes the cluster afterwards."""
+    spec = {
+        "entrypoint": entrypoint,
+        "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True),
+        "rayClusterSpec": cluster_spec(shape, profile),
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": profile.ttl_seconds_after_finished,
+        "activeDeadlineSeconds": profile.active_deadline_seconds,
+        "submissionMode": profile.submission_mode,
+        "submitterConfig": {"backoffLimit": profile.submitter_backoff_limit},
+    }
+    if profile.kueue_queue:
+        spec["suspend"] = True  # Kueue un-suspends the job once it admits it.
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": _metadata(name, profile, stage, annotations),
+            "spec": spec}
+
+
+def rayservice(name: str, serve_config: dict, shape: Shape, profile: Profile,
+               annotations: dict[str, str] | None = None) -> dict:
+    """A RayService running `serve_config` (the `serve deploy` schema) on a cluster sized by `shape`."""
+    spec = {
+        "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
+        "rayClusterConfig": cluster_spec(shape, profile, serve=True),
+    }
+    if profile.upgrade_strategy != "None":
+        spec["upgradeStrategy"] = {"type": profile.upgrade_strategy}
+    return {"apiVersion": "ray.io/v1", "kind": "RayService",
+            "metadata": _metadata(name, profile, "serve", annotations), "spec": spec}

@@ -1,0 +1,119 @@
+"""Render a stage config into a KubeRay manifest: RayJob for batch stages, RayService for serving.
+
+    python -m pipelines.render --stage train --config configs/train/tiny.yaml [--profile configs/k8s/default.yaml]
+                               [--image IMAGE] [-o rayjobs/train-tiny.yaml]
+
+The entrypoint and runtime env come from rayjobs/stages.py (the same as `pipelines.submit`), the
+cluster size from the stage config (`workload_shape`), the rest from the cluster profile. Every
+rendered manifest is validated offline (rayjobs/validate.py) before it is written.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+from pipelines.config import ConfigError, load_config
+from rayjobs import stages
+from rayjobs.cluster_profile import Profile
+from rayjobs.manifests import Shape, k8s_name, rayjob, rayservice
+
+DEFAULT_PROFILE = stages.PROJECT_ROOT / "configs" / "k8s" / "default.yaml"
+
+# Rendered manifests of the shipped configs: (stage, config) -> rayjobs/<file>. A test re-renders them.
+SHIPPED = {
+    "data-sample.yaml": ("data", "configs/data/sample.yaml"),
+    "train-tiny.yaml": ("train", "configs/train/tiny.yaml"),
+    "train-small-gpu.yaml": ("train", "configs/train/small_gpu.yaml"),
+    "tune-tiny.yaml": ("tune", "configs/tune/tiny.yaml"),
+    "batch-eval-tiny.yaml": ("batch_infer", "configs/batch/eval_tiny.yaml"),
+    "batch-gpu.yaml": ("batch_infer", "configs/batch/gpu_example.yaml"),
+    "rollout-tiny.yaml": ("rollout", "configs/rollout/tiny.yaml"),
+    "serve-gpu.yaml": ("serve", "configs/serve/gpu_example.yaml"),
+}
+
+
+def _gpu_pods(total_gpus: int, per_unit: int, profile: Profile) -> tuple[int, int]:
+    """(pods, GPUs per pod) holding `total_gpus`, never splitting one unit (an engine or a worker) across pods."""
+    per_pod = max(per_unit, min(profile.gpu.gpus_per_pod, total_gpus))
+    per_pod -= per_pod % per_unit
+    return math.ceil(total_gpus / per_pod), per_pod
+
+
+def _engine_shape(engine, replicas: int, profile: Profile, min_replicas: int | None = None) -> Shape:
+    gpus = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    if engine.accelerator != "gpu":
+        return Shape(workers=replicas, min_workers=min_replicas)
+    pods, per_pod = _gpu_pods(gpus * replicas, gpus, profile)
+    min_pods = None if min_replicas is None else math.ceil(gpus * min_replicas / per_pod)
+    return Shape(workers=pods, gpus_per_worker=per_pod, accelerator_type=engine.accelerator_type, min_workers=min_pods)
+
+
+def workload_shape(stage: str, cfg, profile: Profile) -> Shape:
+    """The worker pods a stage needs, read from its own config."""
+    if stage in ("train", "tune"):
+        train = cfg.base_train_config() if stage == "tune" else cfg
+        sc = train.scaling
+        # A search runs max_concurrent_trials at once (0 = derive: the search then runs one at a time on this size).
+        trials = max(1, cfg.max_concurrent_trials) if stage == "tune" else 1
+        if sc.use_gpu:
+            per_worker = int(sc.resources_per_worker.get("GPU", 1))
+            pods, per_pod = _gpu_pods(sc.num_workers * per_worker * trials, per_worker, profile)
+            return Shape(workers=pods, gpus_per_worker=per_pod)
+        return Shape(workers=sc.num_workers * trials)
+    if stage == "batch_infer":
+        return _engine_shape(cfg.engine, cfg.num_engines, profile)
+    if stage == "serve":
+        return _engine_shape(cfg.engine, cfg.autoscaling.max_replicas, profile, cfg.autoscaling.min_replicas)
+    if stage == "data":
+        return Shape(workers=2)
+    return Shape(workers=0)  # rollout: HTTP and MLflow calls only; the driver runs on the head.
+
+
+def load_profile(path: str | Path | None, image: str | None = None) -> Profile:
+    return load_config(Profile, path or DEFAULT_PROFILE, [f"image={image}"] if image else [])
+
+
+def render(stage: str, config: str, profile: Profile, overrides: list[str] | None = None) -> dict:
+    """The manifest (a dict) for `stage` run with `config`."""
+    st = stages.get_stage(stage)
+    cfg = load_config(stages.config_class(st), config, overrides)
+    shape = workload_shape(stage, cfg, profile)
+    name = k8s_name(f"rayline-{stage}-{Path(config).stem}")
+    annotations = {"rayline.io/config": stages.relative_config(config), "rayline.io/stage": stage}
+    if st.kind == "RayService":
+        from serve.app import render_serve_config
+
+        return rayservice(name, render_serve_config(cfg), shape, profile, annotations)
+    runtime_env = stages.job_runtime_env(profile.working_dir)
+    entry = stages.entrypoint(st, config, overrides)
+    return rayjob(name, stage, entry, runtime_env, shape, profile, annotations)
+
+
+def render_to_file(stage: str, config: str, out: str | Path, profile: Profile,
+                   overrides: list[str] | None = None, crd_dir: Path | None = None) -> list:
+    """Render, validate and write; returns the validation problems (the file is written only when there are none)."""
+    from rayjobs.validate import validate_manifest
+
+    doc = render(stage, config, profile, overrides)
+    problems = validate_manifest(doc, crd_dir=crd_dir, project_root=stages.PROJECT_ROOT)
+    if not problems:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(f"# Rendered by `python -m pipelines.render --stage {stage} --config {config}`; "
+                             "do not edit by hand.\n" + yaml.safe_dump(doc, sort_keys=False))
+    return problems
+
+
+def render_shipped(out_dir: Path | None = None, profile: Profile | None = None) -> dict[str, list]:
+    """Re-render every shipped manifest into `out_dir` (default rayjobs/); returns problems per file."""
+    out_dir = out_dir or stages.PROJECT_ROOT / "rayjobs"
+    profile = profile or load_profile(None)
+    results = {}
+    for fname, (stage, config) in SHIPPED.items():
+        try:
+            results[fname] = render_to_file(stage, str(stages.PROJECT_ROOT / config), out_dir / fname, profile)
+        except (ConfigError, ValueError) as e:
+            results[fname] = [str(e)]
+    return results

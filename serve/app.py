@@ -1,0 +1,173 @@
+"""The Ray Serve LLM application built from the serving `Config`, and the same app as a `serve deploy` config.
+
+    render_serve_config(cfg, model)   -> {"http_options": ..., "applications": [{name, route_prefix, import_path, args}]}
+    build_app(args)                   -> the Serve Application (`import_path: serve.app:build_app`)
+
+The rendered dict is what `serve deploy` reads, what the dashboard's `PUT /api/serve/applications/`
+takes and what a RayService carries as `serveConfigV2`. Its `args` hold the whole serving config and
+the model version it was pinned to, so the builder needs nothing else.
+
+Which version answers: every non-streamed response and the last chunk of a stream carry
+`system_fingerprint = "<registered name>/<version>"` (vLLM's custom fingerprint, set per engine, so it
+names the replica that actually answered), and `GET /v1/models` lists the model with
+`metadata.rayline = {name, version, alias, source, label}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines import registry, storage
+from pipelines.config import from_dict, to_dict
+from serve import engine
+from serve.serve_config import Config
+
+BUILDER = "serve.app:build_app"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The checkpoint a deployment loads and the registry version it is."""
+
+    source: str
+    """What the replicas load: a local checkpoint directory, or an s3:// URI each node downloads."""
+    ref: str
+    """The pinned reference (`models:/name/N`), or the path/URI itself."""
+    name: str | None = None
+    version: str | None = None
+    alias: str | None = None
+    """The alias that selected this version, when one did."""
+
+    @property
+    def label(self) -> str:
+        """What responses report as the serving version: `name/N`, else the reference."""
+        return f"{self.name}/{self.version}" if self.name and self.version else self.ref
+
+    def to_args(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_args(cls, data: dict[str, Any]) -> "ServedModel":
+        return cls(**{k: data.get(k) for k in ("source", "ref", "name", "version", "alias")})
+
+
+def resolve_served_model(ref: str, cache_dir: str | Path | None = None, alias: str | None = None) -> ServedModel:
+    """A model reference -> the checkpoint to serve, pinned to one registry version.
+
+    s3:// checkpoints stay URIs (every replica node downloads them itself); anything else becomes a
+    local directory through `serve.engine.resolve_model` (MLflow artifacts are downloaded into cache_dir).
+    """
+    cache = cache_dir or engine.default_cache_dir()
+    uri = registry.resolve_model_uri(ref, cache)
+    if storage.is_s3(uri):
+        name = version = None
+        if ref.startswith("models:/"):
+            mv = registry.get_version(ref)
+            name, version = mv.name, str(mv.version)
+            alias = alias or registry.parse_model_ref(ref)[2]
+        source, info = uri, engine.ModelInfo(ref=ref, uri=uri, name=name, version=version, alias=alias)
+    else:
+        source, info = engine.resolve_model(ref, cache)
+    pinned = f"models:/{info.name}/{info.version}" if info.name and info.version else ref
+    return ServedModel(source=source, ref=pinned, name=info.name, version=info.version, alias=alias or info.alias)
+
+
+def application_args(cfg: Config, model: ServedModel | None) -> dict[str, Any]:
+    """The builder's `args`: the serving config, and the pinned model (None: resolve `engine.model` at build time)."""
+    return {"config": to_dict(cfg), "model": model.to_args() if model else None}
+
+
+def render_serve_config(cfg: Config, model: ServedModel | None = None) -> dict[str, Any]:
+    """The `serve deploy` config (ServeDeploySchema) of this app; also a RayService's serveConfigV2.
+
+    With `model` the app is pinned to that version; without (offline rendering, e.g. a RayService
+    manifest) the builder resolves `cfg.engine.model` when the cluster builds the app.
+    """
+    app: dict[str, Any] = {
+        "name": cfg.app_name,
+        "route_prefix": cfg.route_prefix,
+        "import_path": BUILDER,
+        "args": application_args(cfg, model),
+    }
+    if cfg.runtime_env:
+        app["runtime_env"] = cfg.runtime_env
+    if not cfg.access_log:
+        app["logging_config"] = {"enable_access_log": False}
+    return {"http_options": {"host": cfg.http_host, "port": cfg.resolved_http_port()}, "applications": [app]}
+
+
+def served_model_of(app_config: dict[str, Any]) -> ServedModel | None:
+    """The pinned model in a deployed application config (as rendered here), or None."""
+    model = (app_config.get("args") or {}).get("model")
+    return ServedModel.from_args(model) if model else None
+
+
+def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
+    from ray.serve.llm import LLMConfig
+
+    from serve.llm_hooks import LocalCheckpointCallback
+
+    engine_kwargs = {
+        **engine.vllm_engine_kwargs(cfg.engine),
+        # vLLM frontend options (Ray routes them to the OpenAI layer): stamp the version on responses.
+        "fingerprint_mode": "custom",
+        "fingerprint_value": model.label,
+    }
+    # LLMConfig.runtime_env replaces the app's env_vars wholesale, so carry the app's own along.
+    env_vars = {**base_env, **engine.runtime_env(cfg.engine).get("env_vars", {}), "RAYLINE_MODEL_VERSION": model.label}
+    experimental = {}
+    if cfg.stream_batching_interval_ms is not None:
+        experimental["stream_batching_interval_ms"] = cfg.stream_batching_interval_ms
+    kwargs: dict[str, Any] = {}
+    if not storage.is_remote(model.source):
+        # The checkpoint is already on this filesystem: skip Ray's per-node download tasks (tens of seconds).
+        kwargs["callback_config"] = {"callback_class": LocalCheckpointCallback}
+    return LLMConfig(
+        model_loading_config={"model_id": cfg.served_model_id, "model_source": model.source},
+        engine_kwargs=engine_kwargs,
+        accelerator_config={"kind": cfg.engine.accelerator},
+        accelerator_type=cfg.engine.accelerator_type,
+        placement_group_config=engine.placement_group_config(cfg.engine),
+        runtime_env={"env_vars": env_vars},
+        experimental_configs=experimental,
+        deployment_config={
+            "autoscaling_config": cfg.autoscaling.to_serve(),
+            "max_ongoing_requests": cfg.max_ongoing_requests,
+            "max_surge_percent": cfg.max_surge_percent,
+            "health_check_period_s": cfg.health_check_period_s,
+            "health_check_timeout_s": cfg.health_check_timeout_s,
+            "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
+            # The replica actor adds nothing to the engine's bundle: the engine's CPUs are the replica's.
+            "ray_actor_options": {"num_cpus": 0},
+        },
+        **kwargs,
+    )
+
+
+def build_app(args: dict[str, Any]):
+    """Serve's `import_path` target: args (see `application_args`) -> the OpenAI app (ingress + engine deployment)."""
+    import ray
+    from ray.serve.llm import build_openai_app
+
+    from serve.llm_hooks import RaylineIngress
+
+    cfg = from_dict(Config, args.get("config") or {}, source="serve application args.config")
+    model = ServedModel.from_args(args["model"]) if args.get("model") else resolve_served_model(
+        cfg.engine.model, cfg.model_cache_dir or None
+    )
+    base_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
+    llm = _llm_config(cfg, model, base_env)
+    return build_openai_app({
+        "llm_configs": [llm],
+        "ingress_cls_config": {
+            "ingress_cls": RaylineIngress,
+            "ingress_extra_kwargs": {"rayline": {**model.to_args(), "label": model.label}},
+        },
+        "ingress_deployment_config": {
+            "num_replicas": cfg.ingress_replicas,
+            "max_surge_percent": cfg.max_surge_percent,
+            "ray_actor_options": {"num_cpus": cfg.ingress_cpus},
+        },
+    })

@@ -1,0 +1,101 @@
+"""The batch inference / evaluation stage's config: what to read, which engine, how to sample, where results go.
+
+`configs/batch/*.yaml` mirror this dataclass; `python -m pipelines.batch_infer --config FILE key=value ...`
+builds it with `pipelines.config.load_config`, so a bad field fails before Ray starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pipelines.config import ConfigError, require
+from serve.batch.rows import sampling_problem
+from serve.engine import EngineConfig
+
+METRICS = ("exact_match", "contains")
+"""Metrics eval mode can compute (serve/batch/metrics.py); `exact_match` is always computed."""
+
+
+@dataclass
+class SamplingConfig:
+    """Default vLLM sampling parameters; a row's `sampling_params` mapping overrides any of them for that row."""
+
+    max_tokens: int = 64
+    min_tokens: int = 0
+    temperature: float = 0.0
+    """0 is greedy decoding (what eval wants: one answer per prompt, reproducible)."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 (or -1) turns top-k off."""
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        problem = sampling_problem(self.as_params(), where="sampling")
+        if problem:
+            raise ConfigError(problem)
+
+    def as_params(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Config:
+    engine: EngineConfig
+    """The vLLM engine: model reference, context length, KV cache, placement (serve/engine.py)."""
+    input_uri: str
+    """A JSONL or Parquet file, or a directory of them (local path or s3://). Rows: `id`, and `messages` (chat,
+    a trailing assistant message is the reference) or `prompt` (plain text, sent as is); optional `reference`,
+    `task` and `sampling_params` (per-row overrides)."""
+    output_uri: str
+    """Directory (local or s3://) that receives the result Parquet files."""
+    mode: Literal["infer", "eval"] = "infer"
+    """`eval` also computes metrics against the references and records them on the model version in MLflow."""
+    input_format: Literal["auto", "jsonl", "parquet"] = "auto"
+    """`auto` picks by extension (.jsonl/.json/.ndjson or .parquet)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    metrics: list[str] = field(default_factory=lambda: ["exact_match"])
+    """Eval metrics to compute, log and tag on the model version (from METRICS)."""
+    limit: int | None = None
+    """Only the first N input rows (smoke runs)."""
+    overwrite: bool = False
+    """Replace an existing output directory; otherwise a non-empty one is an error."""
+    num_engines: int = 1
+    """Upper bound of the engine actor pool (it autoscales from 1)."""
+    batch_size: int = 16
+    """Rows per engine call."""
+    max_concurrent_batches: int = 4
+    """Engine calls in flight per engine actor; batch_size x this should reach engine.max_num_seqs."""
+    cpu_stage_num_cpus: float = 0.25
+    """Logical CPUs per read/validate/result/write worker. Fractional so they fit beside the engine on a small
+    node: Ray Data's default of 1 CPU per task, with the engine holding the rest, deadlocks a 2-core machine."""
+    cache_dir: str | None = None
+    """Where s3:// and MLflow-artifact checkpoints are copied for vLLM (default ~/.cache/rayline/models)."""
+    mlflow_experiment: str = "rayline-eval"
+    run_name: str | None = None
+    """MLflow run name in eval mode (default `eval-<model label>`)."""
+    dataset_name: str | None = None
+    """What `eval.dataset` records (default the input URI)."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.input_uri.strip()), "input_uri", "must name a JSONL/Parquet file or directory")
+        require(bool(self.output_uri.strip()), "output_uri", "must name a directory for the result Parquet files")
+        unknown = [m for m in self.metrics if m not in METRICS]
+        require(not unknown, "metrics", f"unknown metric {unknown[:1]}; known: {list(METRICS)}")
+        require(self.limit is None or self.limit >= 1, "limit", f"must be at least 1 or null, got {self.limit}")
+        require(self.num_engines >= 1, "num_engines", f"must be at least 1, got {self.num_engines}")
+        require(self.batch_size >= 1, "batch_size", f"must be at least 1, got {self.batch_size}")
+        require(
+            self.max_concurrent_batches >= 1, "max_concurrent_batches",
+            f"must be at least 1, got {self.max_concurrent_batches}",
+        )
+        require(
+            0 < self.cpu_stage_num_cpus <= 1, "cpu_stage_num_cpus", f"must be in (0, 1], got {self.cpu_stage_num_cpus}"
+        )
+        if self.mode == "eval" and "exact_match" not in self.metrics:
+            self.metrics = ["exact_match", *self.metrics]

@@ -1,0 +1,200 @@
+"""Batch inference and evaluation: Ray Data reads prompts, a vLLM engine actor pool answers them, Parquet out.
+
+    read (JSONL lines | Parquet rows)        tasks, cpu_stage_num_cpus each
+      -> PromptValidator                     1 actor: chat template, tokenize, refuse bad rows with a reason
+      -> ray.data.llm vLLM engine stage      actor pool of num_engines, placement from serve/engine.py
+      -> result_rows                         tasks: one schema for answered and refused rows
+      -> write_parquet(output_uri)
+then, from the written Parquet: totals, eval metrics, and in eval mode an MLflow run plus `eval.*` tags on
+the model version. ray.data.llm's own chat-template/tokenize/detokenize stages are off: PromptValidator has
+to tokenize anyway to refuse over-long prompts, and vLLM detokenizes as it generates, so each would only
+be one more actor pool competing for the same cores.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+import pyarrow.parquet as pq
+import ray
+import ray.data
+
+from pipelines import storage
+from pipelines.ray_cluster import init_ray
+from serve import engine as eng
+from serve.batch import metrics as batch_metrics
+from serve.batch.config import Config
+from serve.batch.rows import PromptValidator, result_rows
+from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
+
+JSONL_EXTENSIONS = ("jsonl", "json", "ndjson")
+
+
+@dataclass
+class Result:
+    output_uri: str
+    model: str
+    """The model version label (`name/N`, else the reference)."""
+    rows: int
+    errors: int
+    error_codes: dict[str, int]
+    prompt_tokens: int
+    output_tokens: int
+    wall_s: float
+    """End to end: model resolution, engine start-up, inference and writing."""
+    output_tokens_per_s: float
+    """Output tokens over wall_s."""
+    steady_output_tokens_per_s: float | None
+    """Output tokens over the engine's busy time (first request queued -> last token): start-up excluded."""
+    scores: dict[str, float] = field(default_factory=dict)
+    eval_run_id: str | None = None
+
+
+def input_format(cfg: Config) -> str:
+    """`jsonl` or `parquet`: as configured, else from the file extension(s) under input_uri."""
+    if cfg.input_format != "auto":
+        return cfg.input_format
+    fs, path = storage.resolve(cfg.input_uri)
+    files = [PurePosixPath(path).name] if fs.get_file_info(path).is_file else storage.list_files(cfg.input_uri)
+    if not files:
+        raise FileNotFoundError(f"input_uri {cfg.input_uri}: no such file, or an empty directory")
+    exts = {PurePosixPath(f).suffix.lstrip(".").lower() for f in files if not PurePosixPath(f).name.startswith(".")}
+    if exts <= set(JSONL_EXTENSIONS):
+        return "jsonl"
+    if exts == {"parquet"}:
+        return "parquet"
+    raise ValueError(
+        f"input_uri {cfg.input_uri}: cannot tell the format from extensions {sorted(exts)}; "
+        "set input_format: jsonl or parquet"
+    )
+
+
+def prepare_output(cfg: Config) -> None:
+    """Refuse to mix two runs' results in one directory unless `overwrite` says to replace it."""
+    if storage.exists(cfg.output_uri) and storage.list_files(cfg.output_uri):
+        if not cfg.overwrite:
+            raise FileExistsError(
+                f"output_uri {cfg.output_uri}: already holds results; pick another directory or set overwrite=true"
+            )
+        storage.delete_tree(cfg.output_uri)
+
+
+def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
+    fs, path = storage.resolve(cfg.input_uri)
+    remote_args = {"num_cpus": cfg.cpu_stage_num_cpus}
+    if fmt == "jsonl":
+        # Lines, not pyarrow's JSON reader: one malformed line becomes one refused row, not a failed read.
+        ds = ray.data.read_text(path, filesystem=fs, file_extensions=list(JSONL_EXTENSIONS), ray_remote_args=remote_args)
+    else:
+        ds = ray.data.read_parquet(path, filesystem=fs, ray_remote_args=remote_args)
+    return ds.limit(cfg.limit) if cfg.limit else ds
+
+
+def engine_processor(cfg: Config, model_path: str):
+    """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py."""
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    e = cfg.engine
+    config = vLLMEngineProcessorConfig(
+        model_source=model_path,
+        engine_kwargs=eng.vllm_engine_kwargs(e),
+        placement_group_config=eng.placement_group_config(e),
+        accelerator_type=e.accelerator_type,
+        runtime_env=eng.runtime_env(e) or None,
+        concurrency=cfg.num_engines,
+        batch_size=cfg.batch_size,
+        max_concurrent_batches=cfg.max_concurrent_batches,
+        should_continue_on_error=True,
+        chat_template_stage=False,
+        tokenize_stage=False,
+        detokenize_stage=False,
+        log_engine_metrics=False,
+    )
+    # The processor's pre/post maps are tasks that default to 1 CPU each: fractional, or they wait forever
+    # for a CPU the engine holds.
+    cpu = {"num_cpus": cfg.cpu_stage_num_cpus}
+    # build_processor calls ray.init(ignore_reinit_error=True), which parses RAY_ADDRESS before noticing Ray
+    # is up, and refuses the Jobs API's http:// address that a Ray job (and the local stack) sets.
+    address = os.environ.pop("RAY_ADDRESS", None) if os.environ.get("RAY_ADDRESS", "").startswith("http") else None
+    try:
+        return build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
+    finally:
+        if address:
+            os.environ["RAY_ADDRESS"] = address
+
+
+def run_pipeline(cfg: Config, model_path: str, info: eng.ModelInfo) -> None:
+    """Read -> validate -> engine -> results -> Parquet at output_uri (blocks until written)."""
+    fmt = input_format(cfg)
+    ds = read_inputs(cfg, fmt)
+    ds = ds.map_batches(
+        PromptValidator,
+        fn_constructor_kwargs=dict(
+            model_path=model_path, max_model_len=cfg.engine.max_model_len,
+            sampling_defaults=cfg.sampling.as_params(), jsonl=fmt == "jsonl",
+        ),
+        batch_format="pyarrow", batch_size=cfg.batch_size, concurrency=1, num_cpus=cfg.cpu_stage_num_cpus,
+    )
+    ds = engine_processor(cfg, model_path)(ds)
+    ds = ds.map_batches(
+        result_rows, fn_kwargs=dict(model_version=info.label, max_model_len=cfg.engine.max_model_len),
+        batch_format="pyarrow", num_cpus=cfg.cpu_stage_num_cpus,
+    )
+    fs, path = storage.resolve(cfg.output_uri)
+    ds.write_parquet(path, filesystem=fs, ray_remote_args={"num_cpus": cfg.cpu_stage_num_cpus})
+
+
+def read_results(output_uri: str):
+    """The whole result table (every Parquet file under output_uri)."""
+    fs, path = storage.resolve(output_uri)
+    return pq.read_table(path, filesystem=fs)
+
+
+def main(cfg: Config) -> Result:
+    """Run the stage end to end; print and return the summary."""
+    started = time.perf_counter()
+    model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
+    prepare_output(cfg)
+    init_ray()
+    run_pipeline(cfg, model_path, info)
+    wall = time.perf_counter() - started
+
+    table = read_results(cfg.output_uri)
+    t = batch_metrics.totals(table)
+    result = Result(
+        output_uri=cfg.output_uri, model=info.label, rows=t.rows, errors=t.errors, error_codes=t.error_codes,
+        prompt_tokens=t.prompt_tokens, output_tokens=t.output_tokens, wall_s=wall,
+        output_tokens_per_s=t.output_tokens / wall,
+        steady_output_tokens_per_s=(t.output_tokens / t.engine_busy_s) if t.engine_busy_s else None,
+    )
+    if cfg.mode == "eval":
+        result.scores = batch_metrics.score(table, cfg.metrics)
+        counts = {
+            "rows": t.rows, "errors": t.errors, "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
+            "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
+            **({"steady_output_tokens_per_s": result.steady_output_tokens_per_s} if t.engine_busy_s else {}),
+        }
+        result.eval_run_id = record_eval(cfg, info, result.scores, counts)
+    print(summary(result, cfg, info))
+    return result
+
+
+def summary(r: Result, cfg: Config, info: eng.ModelInfo) -> str:
+    codes = ", ".join(f"{n} {c}" for c, n in sorted(r.error_codes.items()))
+    steady = f"{r.steady_output_tokens_per_s:,.1f} output tok/s steady state" if r.steady_output_tokens_per_s else "n/a"
+    lines = [
+        f"batch_infer ({cfg.mode}) done: {r.rows} rows, {r.rows - r.errors} answered, {r.errors} errors"
+        + (f" ({codes})" if codes else ""),
+        f"  tokens:     {r.prompt_tokens:,} prompt, {r.output_tokens:,} output",
+        f"  throughput: {r.output_tokens_per_s:,.1f} output tok/s end to end ({r.wall_s:,.1f} s wall); {steady}",
+        f"  model:      {info.label}" + (f" ({info.ref})" if info.ref != info.label else ""),
+        f"  output:     {r.output_uri}",
+    ]
+    if r.scores:
+        scored = ", ".join(f"{m} {r.scores[m]:.4f}" for m in cfg.metrics)
+        where = f"tags {EVAL_TAG_PREFIX}* on {info.label}" if info.name else "no version tags (not a registry model)"
+        lines.append(f"  eval:       {scored} over {int(r.scores['scored_rows'])} rows; MLflow run {r.eval_run_id}, {where}")
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""Eval results into MLflow: one run per evaluation, linked to the model version, and `eval.*` version tags.
+
+A promotion gate reads the version tags (`eval.exact_match`, ...) without opening the run; the run keeps the
+details (per-task metrics, counts, throughput, the config as params) and `eval.run_id` points to it.
+"""
+
+from __future__ import annotations
+
+import mlflow
+
+from pipelines import registry
+from pipelines.config import config_hash, flatten
+from serve.engine import ModelInfo
+
+EVAL_TAG_PREFIX = "eval."
+"""Model version tags written by eval mode: `eval.<metric>` (e.g. eval.exact_match, 4 decimals), `eval.run_id`,
+`eval.dataset`, `eval.rows`, `eval.errors`."""
+TAG_MODEL_NAME = "rayline.model_name"
+TAG_MODEL_VERSION = "rayline.model_version"
+TAG_MODEL_REF = "rayline.model_ref"
+STAGE = "batch_infer"
+
+# Version tags copied onto the eval run so the run alone tells which data and base model it scored.
+LINEAGE_FROM_VERSION = (
+    registry.TAG_DATASET_VERSION, registry.TAG_DATASET_MANIFEST, registry.TAG_BASE_MODEL,
+    registry.TAG_SOURCE_RUN, registry.TAG_CHECKPOINT_URI,
+)
+
+
+def run_tags(cfg, info: ModelInfo) -> dict[str, str]:
+    """Tags of the eval run: stage lineage, config hash, the model version and that version's own lineage."""
+    tags = registry.lineage_tags(STAGE, **{registry.TAG_CONFIG_HASH: config_hash(cfg)})
+    tags[TAG_MODEL_REF] = info.ref
+    if info.name and info.version:
+        tags[TAG_MODEL_NAME], tags[TAG_MODEL_VERSION] = info.name, info.version
+    tags.update({k: info.tags[k] for k in LINEAGE_FROM_VERSION if k in info.tags})
+    return tags
+
+
+def record_eval(cfg, info: ModelInfo, scores: dict[str, float], counts: dict[str, float]) -> str:
+    """Log an eval run and tag the model version with its metrics; returns the run id."""
+    with registry.start_run(cfg.mlflow_experiment, cfg.run_name or f"eval-{info.label}", tags=run_tags(cfg, info)) as run:
+        params = {k: v for k, v in flatten(cfg).items() if v is not None}
+        # MLflow params are short strings; long values (engine_kwargs blobs) are cut rather than refused.
+        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        mlflow.log_metrics({**scores, **counts})
+        run_id = run.info.run_id
+    if info.name and info.version:
+        tags = {f"{EVAL_TAG_PREFIX}{m}": f"{scores[m]:.4f}" for m in cfg.metrics}
+        tags.update({
+            f"{EVAL_TAG_PREFIX}run_id": run_id,
+            f"{EVAL_TAG_PREFIX}dataset": cfg.dataset_name or cfg.input_uri,
+            f"{EVAL_TAG_PREFIX}rows": str(int(scores.get("scored_rows", 0))),
+            f"{EVAL_TAG_PREFIX}errors": str(int(counts.get("errors", 0))),
+        })
+        registry.set_version_tags(info.name, info.version, tags)
+    return run_id

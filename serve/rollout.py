@@ -1,0 +1,249 @@
+"""Promotion -> rollout: make the Serve app serve the version an MLflow alias points at, or refuse and say why.
+
+One attempt (`Rollout.once`), when `NAME@alias` is not the version the app serves:
+  1. gate     eval tags vs thresholds, checkpoint complete (serve/gate.py); refuse -> tag, alias back
+  2. deploy   render the app pinned to the version; dashboard REST PUT or RayService patch (serve/deploy_target.py)
+  3. verify   app RUNNING on the new config, then a smoke request answered by the new version (serve/verify.py)
+  4. record   version tags and a run in the `rayline-rollout` experiment (serve/rollout_record.py)
+  5. roll back on a failed deploy/verify: the previous app config goes back, the alias returns to the
+     version still serving, the failure is tagged on the version and the run.
+`Rollout.watch` repeats it every `poll_interval_s` and at once on MLflow webhook calls (serve/webhook.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+from mlflow.exceptions import MlflowException
+
+from pipelines import registry
+from pipelines.config import load_config
+from serve import rollout_record as rec
+from serve.app import ServedModel, render_serve_config, resolve_served_model, served_model_of
+from serve.deploy_target import DeployError, KubeRayService, LocalServe
+from serve.gate import gate_problems
+from serve.rollout_config import Config
+from serve.serve_config import Config as ServeConfig
+from serve.verify import VerifyOutcome, wait_until_answering, wait_until_healthy
+from serve.webhook import WebhookReceiver, register_webhook
+
+log = logging.getLogger("rayline.rollout")
+
+DEPLOYED, UNCHANGED, REJECTED, ROLLED_BACK, SKIPPED, ERROR = (
+    "deployed", "unchanged", "rejected", "rolled_back", "skipped", "error")
+
+
+@dataclass
+class RolloutResult:
+    status: str
+    """deployed | unchanged | rejected | rolled_back | skipped | error"""
+    model: str
+    version: str | None = None
+    previous_version: str | None = None
+    reason: str = ""
+    run_id: str | None = None
+    seconds: float = 0.0
+    """Rollout start -> new version answering (deployed), or -> rollback done."""
+
+    def line(self) -> str:
+        to = f"{self.model}/{self.version}" if self.version else self.model
+        frm = f" (was {self.previous_version})" if self.previous_version else ""
+        return f"rollout {self.status}: {to}{frm} in {self.seconds:.1f}s" + (f": {self.reason}" if self.reason else "")
+
+
+def load_serve_config(cfg: Config) -> ServeConfig:
+    """The serving config the app is rendered from: `serve_config` (cwd, then project root) + `serve_overrides`."""
+    path = Path(cfg.serve_config)
+    if not path.is_absolute() and not path.is_file():
+        path = registry.PROJECT_ROOT / path
+    return load_config(ServeConfig, path, cfg.serve_overrides)
+
+
+class Rollout:
+    """Follows `model@alias` for one Serve application on one target (local Serve or a RayService)."""
+
+    def __init__(self, cfg: Config, serve_cfg: ServeConfig | None = None, target=None):
+        self.cfg = cfg
+        self.serve_cfg = serve_cfg or load_serve_config(cfg)
+        ref = self.serve_cfg.engine.model
+        if not cfg.model and not ref.startswith("models:/"):
+            raise ValueError(f"model: not given, and the serving config's engine.model ({ref}) is not a models:/ reference")
+        self.name = cfg.model or registry.parse_model_ref(ref)[0]
+        if target is None:
+            k = cfg.kubernetes
+            target = (KubeRayService(self.serve_cfg.app_name, k.name, k.namespace) if cfg.target == "kubernetes"
+                      else LocalServe(self.serve_cfg.app_name, cfg.dashboard_url))
+        self.target = target
+        self.base_url = cfg.kubernetes.serve_url if cfg.target == "kubernetes" else self.serve_cfg.base_url()
+
+    # -- one attempt ---------------------------------------------------------------------------------
+
+    def once(self, triggered_by: str | None = None) -> RolloutResult:
+        cfg, name = self.cfg, self.name
+        trigger = triggered_by or cfg.triggered_by or rec.default_trigger()
+        mv = registry.get_alias(name, cfg.alias)
+        if mv is None:
+            return RolloutResult(SKIPPED, name, reason=f"alias {name}@{cfg.alias} is not set in MLflow")
+        version = str(mv.version)
+        previous_app = self.target.current()
+        previous = served_model_of(previous_app or {})
+        prev_version = previous.version if previous and previous.name == name else None
+        if prev_version == version:
+            return RolloutResult(UNCHANGED, name, version, prev_version, reason=f"already serving {name}/{version}")
+        earlier = mv.tags.get(rec.TAG_STATUS)
+        if not cfg.rollback_alias and earlier in (rec.STATUS_REJECTED, rec.STATUS_ROLLED_BACK):
+            why = mv.tags.get(rec.TAG_REJECTED_REASON) or mv.tags.get(rec.TAG_FAILED_REASON, "")
+            return RolloutResult(SKIPPED, name, version, prev_version,
+                                 reason=f"{name}/{version} was {earlier} before ({why}); point {cfg.alias} at another version")
+
+        start = time.time()
+        tags = rec.run_tags(name, cfg.alias, prev_version, version, trigger, self.target.describe())
+        with registry.start_run(cfg.experiment, f"{name}-v{version}", tags=tags) as run:
+            run_id = run.info.run_id
+            log.info("rollout %s/%s (serving %s) triggered by %s", name, version, prev_version or "nothing", trigger)
+            served, problems = self._gate(name, version, mv.tags)
+            mlflow.log_metric("gate_s", time.time() - start)
+            if problems:
+                rec.record_rejected(name, version, problems, trigger, run_id)
+                alias_note = self._restore_alias(name, prev_version)
+                reason = "gate refused: " + "; ".join(problems) + alias_note
+                return self._finish(RolloutResult(REJECTED, name, version, prev_version, reason, run_id), start)
+
+            rendered = render_serve_config(self.serve_cfg, served)
+            mlflow.log_dict(rendered, "serve_config.json")
+            outcome = self._deploy_and_verify(rendered, served)
+            if outcome.ok:
+                rec.record_deployed(name, version, prev_version, trigger, run_id)
+                return self._finish(RolloutResult(DEPLOYED, name, version, prev_version, run_id=run_id), start)
+
+            rollback = self._roll_back(previous_app, previous, rendered.get("http_options"))
+            rec.record_rolled_back(name, version, outcome.reason, trigger, run_id)
+            alias_note = self._restore_alias(name, prev_version)
+            reason = f"{outcome.reason}; {rollback}{alias_note}"
+            return self._finish(RolloutResult(ROLLED_BACK, name, version, prev_version, reason, run_id), start)
+
+    def _gate(self, name: str, version: str, tags: dict[str, str]) -> tuple[ServedModel | None, list[str]]:
+        """Resolve the version's checkpoint and run the gate; (served model, reasons to refuse)."""
+        try:
+            served = resolve_served_model(f"models:/{name}/{version}", self.serve_cfg.model_cache_dir or None,
+                                          alias=self.cfg.alias)
+        except (LookupError, OSError, ValueError, MlflowException) as e:
+            return None, [f"checkpoint of {name}/{version} cannot be resolved: {e}"]
+        return served, gate_problems(tags, served.source, self.cfg.gate)
+
+    def _deploy_and_verify(self, rendered: dict, served: ServedModel) -> VerifyOutcome:
+        cfg = self.cfg
+        t = time.time()
+        try:
+            self.target.apply(rendered)
+        except DeployError as e:
+            return VerifyOutcome(False, f"deploy failed: {e}")
+        healthy = wait_until_healthy(self.target.state, served, cfg.deploy_timeout_s, cfg.fail_fast, applied_at=t)
+        mlflow.log_metric("deploy_s", time.time() - t)
+        if not healthy.ok:
+            return VerifyOutcome(False, f"deploy failed: {healthy.reason}")
+        answer = wait_until_answering(self.base_url, self.serve_cfg.served_model_id, served.label,
+                                      cfg.smoke_prompt, cfg.smoke_timeout_s)
+        mlflow.log_metric("verify_s", answer.seconds)
+        return answer if answer.ok else VerifyOutcome(False, f"verify failed: {answer.reason}")
+
+    def _roll_back(self, previous_app: dict | None, previous: ServedModel | None, http_options: dict | None) -> str:
+        """Put the previous app config back and wait until it answers again; returns what happened."""
+        t = time.time()
+        try:
+            if previous_app:
+                self.target.restore(previous_app, http_options)
+            else:
+                self.target.delete()
+        except DeployError as e:
+            return f"ROLLBACK FAILED: {e}"
+        if previous is None:
+            return "nothing was served before; the app was removed"
+        healthy = wait_until_healthy(self.target.state, previous, self.cfg.deploy_timeout_s, fail_fast=False, applied_at=t)
+        answer = healthy.ok and wait_until_answering(self.base_url, self.serve_cfg.served_model_id, previous.label,
+                                                     self.cfg.smoke_prompt, self.cfg.smoke_timeout_s)
+        mlflow.log_metric("rollback_s", time.time() - t)
+        if not healthy.ok:
+            return f"ROLLBACK NOT HEALTHY: {healthy.reason}"
+        if not answer.ok:
+            return f"ROLLBACK NOT ANSWERING: {answer.reason}"
+        return f"rolled back to {previous.label}, answering again"
+
+    def _restore_alias(self, name: str, prev_version: str | None) -> str:
+        if not self.cfg.rollback_alias:
+            return ""
+        if prev_version is None:
+            return f"; alias {self.cfg.alias} left as is (no earlier version of {name} was serving)"
+        registry.set_alias(name, self.cfg.alias, prev_version)
+        return f"; alias {self.cfg.alias} moved back to {name}/{prev_version}"
+
+    def _finish(self, result: RolloutResult, start: float) -> RolloutResult:
+        result.seconds = time.time() - start
+        mlflow.log_metric("duration_s", result.seconds)
+        mlflow.set_tags({rec.TAG_STATUS: result.status, "rollout.reason": result.reason[: rec.MAX_REASON]})
+        log.info(result.line())
+        return result
+
+    # -- following the alias --------------------------------------------------------------------------
+
+    def watch(self, stop: threading.Event | None = None) -> list[RolloutResult]:
+        """Roll out whenever the alias moves: poll, and wake at once on webhook calls. Returns the attempts made."""
+        cfg = self.cfg
+        stop = stop or threading.Event()
+        wake = threading.Event()
+        trigger = {"next": "watch:start"}
+
+        def on_alias(data: dict, delivery_id: str) -> None:
+            trigger["next"] = f"webhook:{delivery_id or 'mlflow'} ({data.get('name')}@{data.get('alias')} -> {data.get('version')})"
+            wake.set()
+
+        receiver = None
+        if cfg.webhook_port:
+            secret = os.environ.get(cfg.webhook_secret_env) or None
+            receiver = WebhookReceiver(self.name, cfg.alias, on_alias, cfg.webhook_host, cfg.webhook_port,
+                                       cfg.webhook_path, secret).start()
+            log.info("webhook receiver on %s", receiver.url)
+            if cfg.register_webhook:
+                try:
+                    register_webhook(cfg.webhook_url or receiver.url, self.name, secret)
+                except Exception as e:  # the watch still polls; say what MLflow needs
+                    log.warning("could not register the MLflow webhook (%s); the MLflow server needs "
+                                "MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true "
+                                "to call a loopback URL; polling every %ss", e, cfg.poll_interval_s)
+        attempts: list[RolloutResult] = []
+        try:
+            while not stop.is_set():
+                try:
+                    result = self.once(trigger["next"])
+                except Exception as e:  # MLflow or the target briefly down: report and keep watching
+                    result = RolloutResult(ERROR, self.name, reason=f"{type(e).__name__}: {e}")
+                log.info(result.line())
+                if result.status not in (UNCHANGED, SKIPPED):
+                    attempts.append(result)
+                if cfg.max_rollouts and len(attempts) >= cfg.max_rollouts:
+                    break
+                woke = wake.wait(cfg.poll_interval_s)
+                wake.clear()
+                if not woke:
+                    trigger["next"] = "watch:poll"
+        finally:
+            if receiver:
+                receiver.stop()
+        return attempts
+
+
+def main(cfg: Config) -> RolloutResult | list[RolloutResult]:
+    """One rollout attempt, or with `watch` the attempts made until stopped (Ctrl-C) or `max_rollouts`."""
+    rollout = Rollout(cfg)
+    if cfg.watch:
+        try:
+            return rollout.watch()
+        except KeyboardInterrupt:
+            return []
+    return rollout.once()

@@ -1,0 +1,119 @@
+"""The serving config: one dataclass -> the Ray Serve LLM app, its `serve deploy` file and a RayService's serveConfigV2.
+
+    python -m pipelines.serve --config configs/serve/tiny_cpu.yaml [key=value ...]
+
+The YAML mirrors `Config` (the engine part is `serve.engine.EngineConfig`). `engine.model` is the model
+reference, normally an MLflow alias (`models:/rayline-tiny@champion`); deploying resolves it to one
+version and pins that version in the rendered app, so what runs is explicit and a rollback is a redeploy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from pipelines.config import require
+from serve.engine import EngineConfig
+
+
+@dataclass
+class AutoscalingConfig:
+    """Replicas of the engine deployment (Ray Serve `autoscaling_config`)."""
+
+    min_replicas: int = 1
+    max_replicas: int = 1
+    initial_replicas: int | None = None
+    """Replicas at deploy time; None = min_replicas."""
+    target_ongoing_requests: float = 32.0
+    """Requests per replica (queued + running) the autoscaler steers towards."""
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        require(self.min_replicas >= 0, "autoscaling.min_replicas", f"must be >= 0, got {self.min_replicas}")
+        require(self.max_replicas >= max(1, self.min_replicas), "autoscaling.max_replicas",
+                f"must be >= 1 and >= min_replicas ({self.min_replicas}), got {self.max_replicas}")
+        if self.initial_replicas is not None:
+            require(self.min_replicas <= self.initial_replicas <= self.max_replicas, "autoscaling.initial_replicas",
+                    f"must lie in [min_replicas, max_replicas] = [{self.min_replicas}, {self.max_replicas}]")
+        require(self.target_ongoing_requests > 0, "autoscaling.target_ongoing_requests", "must be > 0")
+        require(self.upscale_delay_s >= 0 and self.downscale_delay_s >= 0, "autoscaling.upscale_delay_s",
+                "delays must be >= 0 seconds")
+
+    def to_serve(self) -> dict[str, Any]:
+        """The `autoscaling_config` dict Ray Serve takes."""
+        out: dict[str, Any] = {
+            "min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s, "downscale_delay_s": self.downscale_delay_s,
+        }
+        if self.initial_replicas is not None:
+            out["initial_replicas"] = self.initial_replicas
+        return out
+
+
+@dataclass
+class Config:
+    engine: EngineConfig
+    """vLLM engine, placement and model reference (`engine.model`), shared with batch inference."""
+    app_name: str = "rayline"
+    """Ray Serve application name; the rollout updates this application."""
+    route_prefix: str = "/"
+    served_model_id: str = "rayline"
+    """The `model` clients send. Stays the same across versions; the version is in `system_fingerprint`."""
+    autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)
+    max_ongoing_requests: int = 256
+    """Requests one engine replica holds at once (the engine queues beyond max_num_seqs)."""
+    max_surge_percent: int = 100
+    """Extra replicas during a rolling update; 100 starts every new replica before an old one stops (no gap)."""
+    ingress_cpus: float = 0.1
+    """Logical CPUs of the OpenAI ingress replica; fractional so it fits beside the engines on a small node."""
+    ingress_replicas: int = 1
+    stream_batching_interval_ms: float | None = None
+    """How long the engine replica gathers streamed tokens before sending them on; None = Ray's default (50)."""
+    access_log: bool = False
+    """Serve access log lines per request (off: they cost CPU on every request)."""
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    graceful_shutdown_timeout_s: float = 30.0
+    """How long a retiring replica may finish its in-flight requests."""
+    http_host: str = "127.0.0.1"
+    """Where Serve's HTTP proxy listens: loopback locally, 0.0.0.0 in a pod."""
+    http_port: int = 0
+    """Serve's HTTP port; 0 = the local stack's (from RAYLINE_SERVE_URL), else 8000."""
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    """Application runtime_env (on a cluster: working_dir, env_vars such as MLFLOW_TRACKING_URI)."""
+    model_cache_dir: str = ""
+    """Where MLflow-artifact checkpoints are downloaded; "" = ~/.cache/rayline/models."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.app_name.strip()), "app_name", "must not be empty")
+        require(self.route_prefix.startswith("/"), "route_prefix", f"must start with '/', got {self.route_prefix!r}")
+        require(bool(self.served_model_id.strip()), "served_model_id", "must not be empty (clients send it as `model`)")
+        require(self.max_ongoing_requests >= 1, "max_ongoing_requests", f"must be >= 1, got {self.max_ongoing_requests}")
+        require(0 <= self.max_surge_percent <= 100, "max_surge_percent", f"must be in [0, 100], got {self.max_surge_percent}")
+        require(self.ingress_cpus >= 0, "ingress_cpus", f"must be >= 0, got {self.ingress_cpus}")
+        require(self.ingress_replicas >= 1, "ingress_replicas", f"must be >= 1, got {self.ingress_replicas}")
+        require(self.stream_batching_interval_ms is None or self.stream_batching_interval_ms >= 0,
+                "stream_batching_interval_ms", "must be >= 0 or null")
+        require(0 <= self.http_port < 65536, "http_port", f"must be a TCP port or 0, got {self.http_port}")
+        require(self.health_check_period_s > 0 and self.health_check_timeout_s > 0, "health_check_period_s",
+                "health check period and timeout must be > 0")
+
+    def resolved_http_port(self) -> int:
+        """`http_port`, or the local stack's Serve port (RAYLINE_SERVE_URL), or 8000."""
+        if self.http_port:
+            return self.http_port
+        url = os.environ.get("RAYLINE_SERVE_URL", "")
+        return (urlparse(url).port if url else None) or 8000
+
+    def base_url(self) -> str:
+        """Where clients reach the OpenAI API of this app from this machine."""
+        host = "127.0.0.1" if self.http_host in ("0.0.0.0", "::", "") else self.http_host
+        return f"http://{host}:{self.resolved_http_port()}{self.route_prefix.rstrip('/')}/v1"
+
+
+# rayjobs/stages.py names the serving config class this way.
+ServeConfig = Config

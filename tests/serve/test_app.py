@@ -1,0 +1,94 @@
+"""Serving config -> `serve deploy` config: the schema Ray checks, the pinned model, CPU and GPU placement (no cluster)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from ray.serve.schema import ServeDeploySchema
+
+from pipelines.config import ConfigError, from_dict, load_config
+from serve.app import BUILDER, ServedModel, application_args, render_serve_config, served_model_of
+from serve.serve_config import Config
+
+PINNED = ServedModel(source="/ckpt/v3", ref="models:/rayline-tiny/3", name="rayline-tiny", version="3", alias="champion")
+
+
+@pytest.fixture()
+def cfg(monkeypatch) -> Config:
+    monkeypatch.setenv("RAYLINE_SERVE_URL", "http://127.0.0.1:8123")
+    return load_config(Config, "configs/serve/tiny_cpu.yaml")
+
+
+def test_rendered_config_is_a_valid_serve_deploy_schema(cfg):
+    rendered = render_serve_config(cfg, PINNED)
+    schema = ServeDeploySchema.model_validate(rendered)
+    (app,) = schema.applications
+    assert (app.name, app.route_prefix, app.import_path) == ("rayline", "/", BUILDER)
+    # The stack's Serve port (RAYLINE_SERVE_URL), on loopback.
+    assert rendered["http_options"] == {"host": "127.0.0.1", "port": 8123}
+    assert app.logging_config.enable_access_log is False
+
+
+def test_args_carry_the_whole_config_and_the_pinned_version(cfg):
+    app = render_serve_config(cfg, PINNED)["applications"][0]
+    assert from_dict(Config, app["args"]["config"]) == cfg
+    assert served_model_of(app) == PINNED and PINNED.label == "rayline-tiny/3"
+
+
+def test_offline_render_leaves_the_alias_for_the_cluster_to_resolve(cfg):
+    app = render_serve_config(cfg)["applications"][0]
+    assert app["args"]["model"] is None and app["args"]["config"]["engine"]["model"] == "models:/rayline-tiny@champion"
+    assert served_model_of(app) is None
+
+
+def test_cpu_placement_is_fractional_and_fits_a_rolling_update_on_two_cores(cfg):
+    # During a rolling update with max_surge_percent=100 the old and new engine + ingress run side by side.
+    assert cfg.engine.accelerator == "cpu" and cfg.max_surge_percent == 100
+    peak = 2 * (cfg.engine.cpus_per_engine * cfg.autoscaling.max_replicas + cfg.ingress_cpus * cfg.ingress_replicas)
+    assert peak <= 1.5
+
+
+@pytest.mark.slow  # imports vLLM through ray.serve.llm
+def test_llm_config_on_cpu_and_gpu(cfg):
+    pytest.importorskip("vllm")
+    from serve.app import _llm_config
+
+    llm = _llm_config(cfg, PINNED, {"FROM_APP": "1"})
+    assert llm.accelerator_config.kind == "cpu" and llm.accelerator_type is None
+    assert llm.placement_group_config == {"bundles": [{"CPU": 0.5}], "strategy": "PACK"}
+    assert llm.engine_kwargs["fingerprint_value"] == "rayline-tiny/3"
+    assert llm.engine_kwargs["kv_cache_memory_bytes"] == 128 * 2**20
+    assert llm.runtime_env["env_vars"]["FROM_APP"] == "1"  # the app's env survives LLMConfig's runtime_env
+    assert llm.deployment_config["ray_actor_options"] == {"num_cpus": 0}
+    assert llm.deployment_config["max_surge_percent"] == 100
+
+    gpu = load_config(Config, "configs/serve/gpu_example.yaml")
+    remote = ServedModel(source="s3://bucket/ckpt", ref="models:/rayline-small/2", name="rayline-small", version="2")
+    llm = _llm_config(gpu, remote, {})
+    assert llm.accelerator_config.kind == "gpu" and llm.accelerator_type == "L4"
+    assert llm.placement_group_config == {"bundles": [{"CPU": 2.0, "GPU": 1.0}] * 2, "strategy": "STRICT_PACK"}
+    assert llm.engine_kwargs["tensor_parallel_size"] == 2
+    assert llm.callback_config.callback_class.__name__ == "CallbackBase"  # s3: Ray downloads on each node
+
+
+def test_gpu_example_renders_for_a_pod(monkeypatch):
+    monkeypatch.delenv("RAYLINE_SERVE_URL", raising=False)
+    cfg = load_config(Config, "configs/serve/gpu_example.yaml")
+    rendered = render_serve_config(cfg)
+    assert rendered["http_options"] == {"host": "0.0.0.0", "port": 8000}
+    ServeDeploySchema.model_validate(rendered)
+    assert application_args(cfg, None)["config"]["autoscaling"]["max_replicas"] == 4
+
+
+@pytest.mark.parametrize("override, field", [
+    (["max_surge_percent=150"], "max_surge_percent"),
+    (["autoscaling.max_replicas=0"], "autoscaling.max_replicas"),
+    (["autoscaling.initial_replicas=5"], "autoscaling.initial_replicas"),
+    (["route_prefix=v1"], "route_prefix"),
+    (["engine.kv_cache_memory_bytes=0"], "engine.kv_cache_memory_bytes"),
+    (["colour=blue"], "colour"),
+])
+def test_config_errors_name_the_file_and_field(override, field):
+    with pytest.raises(ConfigError, match=r"configs/serve/tiny_cpu\.yaml: " + re.escape(field)):
+        load_config(Config, "configs/serve/tiny_cpu.yaml", override)

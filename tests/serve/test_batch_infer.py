@@ -1,0 +1,245 @@
+"""Batch inference / eval stage: unit tests of the row rules and placement, then one real run.
+
+The real run (module-scoped, the vLLM engine starts once) goes through the real Ray head of the test stack
+with real vLLM on CPU and the real MLflow server: the model is registered and addressed as
+`models:/<name>@candidate`, and the input mixes eval-split records with bad rows of every kind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from pipelines import registry
+from pipelines.config import ConfigError, from_dict, load_config
+from serve import engine as eng
+from serve.batch import metrics, rows
+from serve.batch.config import Config
+from serve.batch.tracking import EVAL_TAG_PREFIX, TAG_MODEL_NAME, TAG_MODEL_VERSION
+
+N_GOOD = 20
+CPU_ENGINE = {
+    "accelerator": "cpu", "max_model_len": 256, "max_num_seqs": 16, "dtype": "float32", "enforce_eager": True,
+    "kv_cache_memory_bytes": 64 * eng.MiB, "cpus_per_engine": 1.0,
+}
+
+
+# ---- engine config -> placement (no engine) ----
+
+def test_cpu_engine_asks_for_no_gpu_and_an_explicit_kv_cache():
+    cfg = from_dict(eng.EngineConfig, {"model": "/m", **CPU_ENGINE, "cpus_per_engine": 0.5})
+    assert eng.placement_group_config(cfg) == {"bundles": [{"CPU": 0.5}], "strategy": "PACK"}
+    kwargs = eng.vllm_engine_kwargs(cfg)
+    assert kwargs["kv_cache_memory_bytes"] == 64 * eng.MiB and "gpu_memory_utilization" not in kwargs
+    assert "model" not in kwargs and cfg.accelerator_type is None
+
+
+def test_gpu_config_renders_strict_pack_tensor_parallel_placement():
+    cfg = load_config(Config, "configs/batch/gpu_example.yaml")
+    e = cfg.engine
+    assert eng.placement_group_config(e) == {
+        "bundles": [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 2.0, "GPU": 1.0}], "strategy": "STRICT_PACK",
+    }
+    assert e.accelerator_type == "L4"
+    kwargs = eng.vllm_engine_kwargs(e)
+    assert kwargs["tensor_parallel_size"] == 2 and kwargs["gpu_memory_utilization"] == 0.9
+    assert "kv_cache_memory_bytes" not in kwargs
+
+
+@pytest.mark.parametrize("name", ["eval_tiny", "infer_tiny"])
+def test_cpu_configs_fit_two_cores(name):
+    cfg = load_config(Config, f"configs/batch/{name}.yaml")
+    # The actor pools (engines + the validator) hold their CPUs for the whole run; at least two 0.25-CPU
+    # task slots must stay free for read/map/write tasks, or the pipeline waits forever on a 2-core node.
+    held = cfg.engine.cpus_per_engine * cfg.num_engines + cfg.cpu_stage_num_cpus
+    assert held + 2 * cfg.cpu_stage_num_cpus <= 2
+    assert cfg.batch_size * cfg.max_concurrent_batches >= cfg.engine.max_num_seqs
+
+
+@pytest.mark.parametrize("override, field", [
+    (["engine.accelerator_type=H100"], "engine.accelerator_type"),
+    (["engine.kv_cache_memory_bytes=0"], "engine.kv_cache_memory_bytes"),
+    (["engine.tensor_parallel_size=2"], "engine.tensor_parallel_size"),
+    # config._build skips the "engine." prefix when the message starts with "engine" (engine_kwargs...)
+    (["engine.engine_kwargs={max_num_seqs: 4}"], "engine_kwargs.max_num_seqs"),
+    (["sampling.temperature=-1"], "sampling.temperature"),
+    (["metrics=[bleu]"], "metrics"),
+])
+def test_config_errors_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=r"configs/batch/eval_tiny\.yaml: (engine\.)?" + re.escape(field)):
+        load_config(Config, "configs/batch/eval_tiny.yaml", override)
+
+
+# ---- row rules (no engine) ----
+
+@pytest.mark.parametrize("params, problem", [
+    ({"max_tokens": 8}, None),
+    ({"max_tokens": -3}, "sampling_params.max_tokens: must be an integer >= 1, got -3"),
+    ({"temperature": -0.5}, "sampling_params.temperature: must be a number >= 0"),
+    ({"top_p": 0}, "sampling_params.top_p"),
+    ({"max_tokens": True}, "sampling_params.max_tokens"),
+    ({"beam_width": 2}, "sampling_params.beam_width: unknown parameter"),
+    ({"max_tokens": 4, "min_tokens": 5}, "sampling_params.min_tokens: 5 is more than max_tokens 4"),
+])
+def test_sampling_problem(params, problem):
+    found = rows.sampling_problem(params)
+    assert found is None if problem is None else found.startswith(problem)
+
+
+def test_trailing_assistant_message_is_the_reference():
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    prompt, reference, problem = rows.split_messages(msgs)
+    assert (prompt, reference, problem) == (msgs[:2], "a", None)
+    assert rows.split_messages([{"role": "robot", "content": "x"}])[2].startswith("invalid_record: messages[0].role")
+    assert rows.split_messages([{"role": "system", "content": "x"}])[2].startswith("missing_prompt")
+
+
+def test_finish_reason_and_metrics():
+    assert rows.finish_reason(16, 10, 16, 256) == "length"
+    assert rows.finish_reason(3, 10, 16, 256) == "stop"
+    assert rows.finish_reason(6, 250, 16, 256) == "length"
+    assert metrics.exact_match("  Odd \n", "odd") and not metrics.exact_match("odd.", "odd")
+    assert metrics.contains("the answer is 42 ok", "42") and not metrics.contains("420", "42")
+    table = pa.table({
+        "output": ["odd", "12", None, "x"], "reference": ["odd", "13", "4", None], "task": ["p", "s", "s", "p"],
+    })
+    scores = metrics.score(table, ["exact_match"])
+    assert scores == {"scored_rows": 3.0, "exact_match": 1 / 3, "exact_match.p": 1.0, "exact_match.s": 0.0}
+
+
+# ---- one real run: Ray + vLLM on CPU + MLflow ----
+# The timeout is generous because on a loaded 2-core machine the vLLM engine alone can take minutes to
+# start; a placement deadlock would hang forever, so finishing inside it is the no-deadlock check.
+
+BAD_ROWS = {
+    "bad-missing": ({"id": "bad-missing", "task": "none"}, "missing_prompt"),
+    "bad-long": ({"id": "bad-long", "prompt": "apple kiwi lemon " * 200}, "prompt_too_long"),
+    "bad-max-tokens": ({"id": "bad-max-tokens", "prompt": "What is 1 + 1?", "sampling_params": {"max_tokens": -3}},
+                       "invalid_sampling_params"),
+    "bad-temperature": ({"id": "bad-temperature", "messages": [{"role": "user", "content": "Is 3 even or odd?"}],
+                         "sampling_params": {"temperature": -1.0}}, "invalid_sampling_params"),
+}
+
+
+@pytest.fixture(scope="module")
+def registered(local_stack, tiny_model_dir):
+    name = f"batch-tiny-{uuid.uuid4().hex[:8]}"
+    with registry.start_run("rayline-test-batch", "register", tags=registry.lineage_tags("test")) as run:
+        mv = registry.register_checkpoint(name, str(tiny_model_dir), run_id=run.info.run_id,
+                                          tags={registry.TAG_DATASET_VERSION: "ds-test"})
+    registry.set_alias(name, "candidate", mv.version)
+    return name, str(mv.version)
+
+
+@pytest.fixture(scope="module")
+def input_file(tmp_path_factory, sample_corpus_dir):
+    good = [json.loads(line) for line in (sample_corpus_dir / "eval.jsonl").read_text().splitlines()[:N_GOOD]]
+    extra = [
+        {"id": "plain", "prompt": "What is 2 + 2?"},
+        {"id": "exact-2", "messages": [{"role": "user", "content": "Repeat exactly: kiwi"}],
+         "sampling_params": {"max_tokens": 2, "ignore_eos": True}},
+    ]
+    lines = [json.dumps(r) for r in good + extra + [r for r, _ in BAD_ROWS.values()]] + ['{"id": "bad-json", ']
+    path = tmp_path_factory.mktemp("batch-input") / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path, [r["id"] for r in good + extra] + list(BAD_ROWS)
+
+
+@pytest.fixture(scope="module")
+def run(local_stack, registered, input_file, tmp_path_factory):
+    from pipelines.ray_cluster import init_ray
+    from serve.batch.pipeline import main, read_results
+
+    name, _ = registered
+    cfg = from_dict(Config, {
+        "mode": "eval", "input_uri": str(input_file[0]), "output_uri": str(tmp_path_factory.mktemp("batch-out") / "r"),
+        "metrics": ["exact_match", "contains"], "sampling": {"max_tokens": 8, "temperature": 0.0},
+        "engine": {"model": f"models:/{name}@candidate", **CPU_ENGINE},
+        "batch_size": 8, "max_concurrent_batches": 2, "cpu_stage_num_cpus": 0.25,
+        "mlflow_experiment": "rayline-test-batch", "dataset_name": "sample-corpus-eval",
+    })
+    init_ray()
+    try:
+        result = main(cfg)
+    finally:
+        import ray
+
+        ray.shutdown()
+    table = read_results(cfg.output_uri)
+    return cfg, result, {r["id"]: r for r in table.to_pylist()}, table
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_every_row_appears_once_with_output_or_error(run, input_file):
+    _, result, by_id, table = run
+    ids = table.column("id").to_pylist()
+    expected = input_file[1]
+    assert len(ids) == len(set(ids)) == len(expected) + 1  # + the unparseable line, under a content-hash id
+    assert set(expected) <= set(ids)
+    assert result.rows == table.num_rows and result.errors == len(BAD_ROWS) + 1
+    for rid in expected:
+        row = by_id[rid]
+        if rid in BAD_ROWS:
+            continue
+        assert row["error"] is None and row["output"] is not None, row
+        assert row["output_tokens"] > 0 and row["prompt_tokens"] > 0
+        assert row["finish_reason"] in ("stop", "length")
+    assert by_id["exact-2"]["output_tokens"] == 2 and by_id["exact-2"]["finish_reason"] == "length"
+    assert result.output_tokens == sum(r["output_tokens"] for r in by_id.values()) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_bad_rows_carry_the_reason_and_never_reach_the_engine(run):
+    _, result, by_id, _ = run
+    for rid, (_, code) in BAD_ROWS.items():
+        row = by_id[rid]
+        assert row["error"].startswith(f"{code}: "), row
+        assert row["output"] is None and row["output_tokens"] == 0 and row["engine_start_s"] is None
+    assert "max_tokens" in by_id["bad-max-tokens"]["error"] and "temperature" in by_id["bad-temperature"]["error"]
+    assert "max_model_len is 256" in by_id["bad-long"]["error"]
+    (bad_json,) = [r for rid, r in by_id.items() if rid.startswith("sha1:")]
+    assert bad_json["error"].startswith("invalid_record: not valid JSON")
+    assert result.error_codes == {"missing_prompt": 1, "prompt_too_long": 1, "invalid_sampling_params": 2,
+                                  "invalid_record": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_models_alias_resolves_to_the_registered_version(run, registered):
+    _, result, by_id, _ = run
+    name, version = registered
+    assert result.model == f"{name}/{version}"
+    assert {r["model_version"] for r in by_id.values()} == {f"{name}/{version}"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_eval_metrics_come_from_the_outputs_and_land_on_the_model_version(run, registered):
+    cfg, result, by_id, _ = run
+    name, version = registered
+    # Recompute from the written Parquet with an independent normaliser.
+    scored = [r for r in by_id.values() if r["reference"] is not None]
+    assert len(scored) == N_GOOD  # the eval records' trailing assistant messages; no other row has a reference
+    norm = lambda s: " ".join((s or "").split()).lower()  # noqa: E731
+    expected = sum(r["output"] is not None and norm(r["output"]) == norm(r["reference"]) for r in scored) / len(scored)
+    assert result.scores["exact_match"] == pytest.approx(expected)
+    assert 0.0 <= result.scores["contains"] <= 1.0 and result.scores["contains"] >= result.scores["exact_match"]
+
+    c = registry.client()
+    mv = c.get_model_version(name, version)
+    assert float(mv.tags[f"{EVAL_TAG_PREFIX}exact_match"]) == pytest.approx(expected, abs=1e-4)
+    assert f"{EVAL_TAG_PREFIX}contains" in mv.tags
+    assert mv.tags[f"{EVAL_TAG_PREFIX}run_id"] == result.eval_run_id
+    assert mv.tags[f"{EVAL_TAG_PREFIX}dataset"] == "sample-corpus-eval"
+    eval_run = c.get_run(result.eval_run_id)
+    assert eval_run.data.metrics["exact_match"] == pytest.approx(expected)
+    assert eval_run.data.metrics["rows"] == result.rows
+    assert eval_run.data.tags[TAG_MODEL_NAME] == name and eval_run.data.tags[TAG_MODEL_VERSION] == version
+    assert eval_run.data.tags[registry.TAG_DATASET_VERSION] == "ds-test"
+    assert eval_run.data.tags[registry.TAG_STAGE] == "batch_infer"

@@ -1,0 +1,204 @@
+"""Promotion -> rollout for real: MLflow alias moves, the Serve app follows (or refuses), under loopback load.
+
+One Serve app for the module, first deployed by a rollout of v1. Then, in order:
+  promote v2 while a few clients hammer the app: zero failed requests, answers switch to v2, tags + run;
+  promote v4 (eval below the gate) via `python -m pipelines.rollout`, and v5 (weights cut short):
+      refused, reasons tagged, alias back on v2, serving untouched;
+  promote v3 (weights that do not fit its config, so the engine cannot start) under load: deploy fails,
+      the app rolls back to v2 without a failed request, the alias returns to v2, the failure is tagged.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines import registry
+from pipelines.config import from_dict
+from pipelines.tiny_model import build_tiny_model
+from serve import rollout_record as rec
+from serve.deploy_target import LocalServe
+from serve.rollout import DEPLOYED, REJECTED, ROLLED_BACK, Rollout
+from serve.rollout_config import Config as RolloutConfig
+from tests.serve.test_serve import register_fresh, serve_config_dict
+
+pytestmark = pytest.mark.slow
+
+MODEL = "rayline-rollout-test"
+APP = "rayline-test-rollout"
+PREFIX = "/rollout-test"
+GATE = {"min_metrics": {"eval.exact_match": 0.5}}
+
+
+def broken_copy(src: Path, dst: Path, how: str) -> Path:
+    shutil.copytree(src, dst)
+    if how == "shape":  # loads as JSON and safetensors, but the weights do not fit the model it describes
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg.update(hidden_size=256, intermediate_size=704)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    else:  # an upload cut short
+        w = dst / "model.safetensors"
+        w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    return dst
+
+
+@pytest.fixture(scope="module")
+def setup(local_stack, tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rollout")
+    v2_dir = build_tiny_model(tmp / "v2", "tiny", seed=1)
+    versions = register_fresh(MODEL, [
+        (str(tiny_model_dir), {"eval.exact_match": "0.6"}),                            # v1
+        (str(v2_dir), {"eval.exact_match": "0.7"}),                                      # v2
+        (str(broken_copy(tiny_model_dir, tmp / "v3", "shape")), {"eval.exact_match": "0.8"}),  # v3: engine fails
+        (str(tiny_model_dir), {"eval.exact_match": "0.1"}),                              # v4: below the gate
+        (str(broken_copy(tiny_model_dir, tmp / "v5", "truncate")), {"eval.exact_match": "0.9"}),  # v5: cut short
+    ])
+    assert versions == ["1", "2", "3", "4", "5"]
+    serve_yaml = tmp / "serve.yaml"
+    serve_yaml.write_text(yaml.safe_dump(serve_config_dict(APP, PREFIX, MODEL)))
+    rollout_yaml = tmp / "rollout.yaml"
+    rollout_yaml.write_text(yaml.safe_dump({
+        "model": MODEL, "serve_config": str(serve_yaml), "gate": GATE, "deploy_timeout_s": 900, "smoke_timeout_s": 120,
+    }))
+    cfg = from_dict(RolloutConfig, yaml.safe_load(rollout_yaml.read_text()))
+    rollout = Rollout(cfg)
+    registry.set_alias(MODEL, "champion", "1")
+    try:
+        first = rollout.once("test:setup")
+        assert first.status == DEPLOYED and first.version == "1", first.line()
+        yield {"rollout": rollout, "rollout_yaml": rollout_yaml,
+               "base_url": f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}/v1"}
+    finally:
+        LocalServe(APP).delete()
+
+
+class Load:
+    """A few loopback clients (non-streamed and streamed) for as long as it runs; bounded in time."""
+
+    def __init__(self, base_url: str, clients: int = 3, limit_s: float = 900):
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+        self.stop_at = time.time() + limit_s
+        self.stop = threading.Event()
+        self.results: list[tuple[float, float, str | None]] = []  # (started, finished, fingerprint)
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
+
+    def _one(self, i: int) -> str | None:
+        if i % 3 == 2:
+            fp = None
+            for chunk in self.client.chat.completions.create(
+                    model="rayline", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True):
+                fp = chunk.system_fingerprint or fp
+            return fp
+        return self.client.completions.create(model="rayline", prompt=f"client {i}", max_tokens=8).system_fingerprint
+
+    def _run(self, i: int) -> None:
+        while not self.stop.is_set() and time.time() < self.stop_at:
+            t = time.time()
+            try:
+                fp = self._one(i)
+                self.results.append((t, time.time(), fp))
+            except Exception as e:  # every failure counts; the test asserts there are none
+                self.errors.append(f"{time.time() - t:.1f}s {type(e).__name__}: {e}")
+                time.sleep(0.5)
+
+    def __enter__(self) -> "Load":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=180)
+
+
+def version_tags(version: str) -> dict:
+    return registry.client().get_model_version(MODEL, version).tags
+
+
+def alias_version() -> str:
+    return str(registry.get_alias(MODEL, "champion").version)
+
+
+def test_promote_under_load_switches_to_v2_without_a_failed_request(setup):
+    v1, v2 = f"{MODEL}/1", f"{MODEL}/2"
+    with Load(setup["base_url"]) as load:
+        time.sleep(3)
+        promoted_at = time.time()
+        registry.set_alias(MODEL, "champion", "2")
+        result = setup["rollout"].once("test:promote")
+        answering_after = time.time() - promoted_at
+        done_at = time.time()
+        time.sleep(3)
+    print(f"\nrollout time (alias set -> v2 answering): {answering_after:.1f}s; {len(load.results)} requests")
+    assert result.status == DEPLOYED and (result.previous_version, result.version) == ("1", "2"), result.line()
+    assert load.errors == [], load.errors[:5]
+    seen = [fp for _, _, fp in sorted(load.results)]
+    assert seen[0] == v1 and seen[-1] == v2 and set(seen) == {v1, v2}
+    assert all(fp == v2 for start, _, fp in load.results if start > done_at)  # once verified, only v2 answers
+    new, old = version_tags("2"), version_tags("1")
+    assert new[rec.TAG_STATUS] == "deployed" and new[rec.TAG_DEPLOYED_AT] and new[rec.TAG_TRIGGERED_BY] == "test:promote"
+    assert new[rec.TAG_PREVIOUS_VERSION] == "1" and new[rec.TAG_RUN_ID] == result.run_id
+    assert old[rec.TAG_STATUS] == "retired" and old[rec.TAG_RETIRED_AT] and old[rec.TAG_RETIRED_BY] == "2"
+    run = registry.client().get_run(result.run_id)
+    assert run.data.tags["rollout.status"] == "deployed" and run.data.tags["rollout.from_version"] == "1"
+    assert 0 < run.data.metrics["duration_s"] <= answering_after + 1
+    # Nothing to do when the alias already points at what is served.
+    assert setup["rollout"].once("test:again").status == "unchanged"
+
+
+def test_cli_refuses_a_version_below_the_eval_gate(setup):
+    registry.set_alias(MODEL, "champion", "4")
+    out = subprocess.run([sys.executable, "-m", "pipelines.rollout", "--config", str(setup["rollout_yaml"]),
+                          "--model", MODEL, "--alias", "champion"],
+                         capture_output=True, text=True, timeout=600, cwd=registry.PROJECT_ROOT)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"rollout rejected: {MODEL}/4 (was 2)" in out.stdout
+    assert "eval.exact_match=0.1 < 0.5" in out.stdout
+    tags = version_tags("4")
+    assert tags[rec.TAG_STATUS] == "rejected" and "eval.exact_match=0.1 < 0.5" in tags[rec.TAG_REJECTED_REASON]
+    assert alias_version() == "2"
+    assert setup["rollout"].target.state().status == "RUNNING"
+    assert served_fingerprint(setup) == f"{MODEL}/2"
+
+
+def test_gate_refuses_a_checkpoint_cut_short(setup):
+    registry.set_alias(MODEL, "champion", "5")
+    result = setup["rollout"].once("test:truncated")
+    assert result.status == REJECTED and "model.safetensors" in result.reason and "cut short" in result.reason
+    assert "cut short" in version_tags("5")[rec.TAG_REJECTED_REASON]
+    assert alias_version() == "2" and served_fingerprint(setup) == f"{MODEL}/2"
+
+
+def test_broken_checkpoint_rolls_back_while_serving_continues(setup):
+    with Load(setup["base_url"], clients=2) as load:
+        registry.set_alias(MODEL, "champion", "3")
+        result = setup["rollout"].once("test:broken")
+        time.sleep(2)
+    assert result.status == ROLLED_BACK, result.line()
+    assert "failed to start" in result.reason and f"rolled back to {MODEL}/2, answering again" in result.reason
+    assert load.errors == [], load.errors[:5]
+    assert {fp for _, _, fp in load.results} == {f"{MODEL}/2"}
+    tags = version_tags("3")
+    assert tags[rec.TAG_STATUS] == "rolled_back" and "failed to start" in tags[rec.TAG_FAILED_REASON]
+    assert alias_version() == "2"
+    assert version_tags("2")[rec.TAG_STATUS] == "deployed"
+    run = registry.client().get_run(result.run_id)
+    assert run.data.tags["rollout.status"] == "rolled_back" and "rollback_s" in run.data.metrics
+
+
+def served_fingerprint(setup) -> str:
+    from serve.verify import smoke_request
+
+    return smoke_request(setup["base_url"], "rayline", "ping")["system_fingerprint"]

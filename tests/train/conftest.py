@@ -1,0 +1,93 @@
+"""Fixtures of the train tests: the sample corpus prepared by the real data stage, and train configs over it.
+
+The integration tests drive `train.trainer.main` / `train.tune.main` in this process against the test
+stack (Ray head with 2 CPUs, MLflow, Swift S3). The prepared dataset comes from
+`python -m pipelines.prepare_data`, run once per session in a subprocess so this process joins Ray
+the way the train stage does (with RAY_ADDRESS pinned for the job).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import load_config
+from train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_EXPERIMENT = "rayline-test-train"
+
+# 128 train rows / 2 workers / micro-batch 8 = 8 steps per epoch: 12 steps cross an epoch boundary,
+# checkpoints every 3 steps land mid-epoch (3, 6) and on the boundary's far side (9, 12).
+FAST = [
+    "train.micro_batch_size=8", "train.max_steps=12", "train.checkpoint_every_steps=3", "train.eval_every_steps=4",
+    "train.eval_batch_size=16",
+]
+
+
+@pytest.fixture(scope="session")
+def prepared_manifest(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("prepared")
+    corpus = Path(sample_corpus_dir)
+    cmd = [sys.executable, "-m", "pipelines.prepare_data", "--config", str(ROOT / "configs/data/sample.yaml"),
+           f"inputs=[{corpus / 'train.jsonl'}, {corpus / 'malformed.jsonl'}]", f"eval_inputs=[{corpus / 'eval.jsonl'}]",
+           f"output_uri={out}", f"tokenizer={tiny_model_dir}", "mlflow_experiment=rayline-test-data"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    manifest = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("manifest: ")]
+    assert manifest, proc.stdout[-2000:]
+    return manifest[-1].strip()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_ray_driver():
+    """Leave no Ray connection from other modules behind: the train stage joins with its own job settings."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def make_train_config(prepared_manifest, tiny_model_dir, tmp_path_factory):
+    """A TrainConfig from configs/train/tiny.yaml over the test data, with a unique run name."""
+    runs = tmp_path_factory.mktemp("runs")
+
+    def make(*overrides: str, storage: str | None = None, run_name: str | None = None) -> TrainConfig:
+        name = run_name or f"t-{uuid.uuid4().hex[:8]}"
+        base = [f"run_name={name}", f"model.path={tiny_model_dir}", f"data.manifest_uri={prepared_manifest}",
+                f"checkpoint.storage_path={storage or runs}", f"mlflow.experiment={TEST_EXPERIMENT}",
+                f"mlflow.register_as=rayline-test-{uuid.uuid4().hex[:6]}", *FAST]
+        return load_config(TrainConfig, ROOT / "configs/train/tiny.yaml", [*base, *overrides])
+
+    return make
+
+
+class History:
+    """MLflow metric histories of a run."""
+
+    def __init__(self):
+        from pipelines import registry
+
+        self.client = registry.client()
+
+    def values(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        """(step, value) in logging order (a resumed run logs the steps after its checkpoint twice)."""
+        hist = self.client.get_metric_history(run_id, key)
+        return [(m.step, m.value) for m in sorted(hist, key=lambda m: (m.timestamp, m.step))]
+
+    def curve(self, run_id: str, key: str = "loss") -> dict[int, float]:
+        """Step -> the last value logged at that step."""
+        return dict(self.values(run_id, key))
+
+
+@pytest.fixture(scope="session")
+def history(local_stack) -> History:
+    return History()

@@ -1,0 +1,167 @@
+"""The train stage end to end on the test stack: 2 FSDP2 workers on CPU, S3 checkpoints, export, MLflow, resume.
+
+One reference run (S3) is shared by the module. The fault and re-submission runs use the same seed and
+must reproduce its loss curve step for step after resuming, which checks the restored step, data
+position, optimizer, scheduler and RNG together, not just that the job finished.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from data.prepared import load_manifest
+from pipelines import registry, storage
+from pipelines.config import config_hash
+from train.checkpoint import read_trainer_state
+from train.packed_batch import forward_loss_sum, loss_tokens
+from train.trainer import main
+
+TOTAL_STEPS = 12
+CHECKPOINT_FILES = {".metadata", "__0_0.distcp", "__1_0.distcp", "trainer_state.json", "rng_rank0.pt", "rng_rank1.pt"}
+
+
+@pytest.fixture(scope="module")
+def reference(make_train_config, s3_bucket):
+    """The reference run: checkpoints and export in S3."""
+    cfg = make_train_config(storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
+    return cfg, main(cfg)
+
+
+@pytest.fixture(scope="module")
+def faulted(make_train_config, tmp_path_factory):
+    """Same seed, local storage; the last worker is killed right after step 8 (checkpoints every 3 steps)."""
+    marker = tmp_path_factory.mktemp("fault") / "fired"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAYLINE_FAULT_AT_STEP", "8")
+    mp.setenv("RAYLINE_FAULT_MARKER", str(marker))
+    try:
+        cfg = make_train_config()
+        result = main(cfg)
+    finally:
+        mp.undo()
+    return cfg, result, marker
+
+
+def test_fsdp_run_lowers_eval_loss_and_keeps_sharded_checkpoints_in_s3(reference, history):
+    cfg, result = reference
+    assert (result.final_step, result.total_steps) == (TOTAL_STEPS, TOTAL_STEPS)
+    assert result.eval_loss < result.first_eval_loss - 1.0, (result.first_eval_loss, result.eval_loss)
+
+    run_uri = storage.join(cfg.checkpoint.storage_path, cfg.run_name)
+    assert run_uri.startswith("s3://")
+    files = storage.list_files(run_uri)
+    checkpoints = sorted({f.split("/")[0] for f in files if f.startswith("checkpoint_step")})
+    assert checkpoints == ["checkpoint_step000009", "checkpoint_step000012"]  # num_to_keep: 2 of 3, 6, 9, 12
+    for name in checkpoints:
+        assert CHECKPOINT_FILES <= {f.split("/", 1)[1] for f in files if f.startswith(name + "/")}
+    assert result.checkpoint_uri == f"{run_uri}/checkpoint_step000012"
+
+    run_id = result.mlflow_run_id
+    evals = history.curve(run_id, "eval_loss")
+    assert sorted(evals) == [0, 4, 8, 12] and evals[12] < evals[4] < evals[0]
+    for key in ("loss", "lr", "tokens_per_s", "step_time_s", "grad_norm"):
+        assert sorted(history.curve(run_id, key)) == list(range(1, TOTAL_STEPS + 1)), key
+
+
+def test_export_loads_in_transformers_and_reproduces_the_final_eval_loss(reference, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg, result = reference
+    assert result.export_uri == storage.join(cfg.checkpoint.storage_path, cfg.run_name, "export")
+    local = Path(storage.local_copy(result.export_uri, tmp_path))
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (local / name).exists(), name
+    model = AutoModelForCausalLM.from_pretrained(local).eval()
+    tokenizer = AutoTokenizer.from_pretrained(local)
+
+    # The whole eval split (22 rows, 11 per worker) through the exported weights gives the job's eval loss.
+    manifest = load_manifest(cfg.data.manifest_uri)
+    fs, path = storage.resolve(manifest["splits"]["eval"]["path"])
+    table = pq.read_table(path, filesystem=fs)
+    batch = {k: torch.tensor(table.column(k).to_pylist()) for k in ("input_ids", "labels", "position_ids", "segment_ids")}
+    with torch.no_grad():
+        total = float(forward_loss_sum(model, batch, torch.device("cpu"), torch.float32))
+    assert total / loss_tokens(batch) == pytest.approx(result.eval_loss, rel=1e-4)
+
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)
+    out = model.generate(**prompt, max_new_tokens=4)
+    assert out.shape[1] > prompt["input_ids"].shape[1]
+
+
+def test_model_version_and_run_carry_the_lineage(reference):
+    cfg, result = reference
+    assert result.model_name == cfg.mlflow.register_as and result.model_version == "1"
+    mv = registry.get_version(f"models:/{result.model_name}/{result.model_version}")
+    manifest = load_manifest(cfg.data.manifest_uri)
+    expected = {
+        registry.TAG_DATASET_VERSION: manifest["version"],
+        registry.TAG_DATASET_MANIFEST: cfg.data.manifest_uri,
+        registry.TAG_BASE_MODEL: cfg.model.path,
+        registry.TAG_CONFIG_HASH: config_hash(cfg),
+        registry.TAG_CHECKPOINT_URI: result.export_uri,
+        registry.TAG_SOURCE_RUN: result.mlflow_run_id,
+    }
+    assert {k: mv.tags.get(k) for k in expected} == expected
+    assert mv.tags[registry.TAG_GIT_COMMIT] == registry.git_commit()
+    assert mv.source == result.export_uri  # an s3:// export is registered in place
+
+    run = registry.client().get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == cfg.run_name
+    assert {k: run.data.tags.get(k) for k in list(expected)[:4]} == {k: expected[k] for k in list(expected)[:4]}
+    assert run.data.params["optim.lr"] == str(cfg.optim.lr) and run.data.params["plan.total_steps"] == "12"
+
+
+def test_killed_worker_resumes_from_the_last_checkpoint(faulted, history):
+    cfg, result, marker = faulted
+    assert marker.exists()  # the injector did kill a worker
+    assert result.final_step == TOTAL_STEPS
+    run_id = result.mlflow_run_id
+    # Checkpoints at 3 and 6 preceded the kill at 8: the restarted group resumed at 6, with Adam's state.
+    assert history.values(run_id, "resume/step") == [(6, 6.0)]
+    assert history.values(run_id, "resume/adam_step") == [(6, 6.0)]
+    saved = history.curve(run_id, "checkpoint/adam_m_sumsq")[6]
+    assert saved > 0 and history.curve(run_id, "resume/adam_m_sumsq")[6] == pytest.approx(saved, rel=1e-9)
+    # Steps 7 and 8 ran twice (before the kill and after the resume); nothing restarted from zero.
+    assert [s for s, _ in history.values(run_id, "loss")] == [1, 2, 3, 4, 5, 6, 7, 8, 7, 8, 9, 10, 11, 12]
+    state = read_trainer_state(storage.join(cfg.checkpoint.storage_path, cfg.run_name, "checkpoint_step000012"))
+    assert (state.step, state.epoch, state.micro_batches_into_epoch) == (12, 1, 4)
+
+
+def test_same_seed_gives_the_same_loss_curve(reference, faulted, history):
+    ref = history.curve(reference[1].mlflow_run_id)
+    ref_lr = history.curve(reference[1].mlflow_run_id, "lr")
+    run_id = faulted[1].mlflow_run_id
+    assert len(ref) == TOTAL_STEPS
+    # Every value the second run logged, before and after its restart, equals the reference's at that step.
+    for key, reference_curve in (("loss", ref), ("lr", ref_lr)):
+        for step, value in history.values(run_id, key):
+            assert value == reference_curve[step], (key, step)
+    assert history.curve(run_id, "eval_loss") == history.curve(reference[1].mlflow_run_id, "eval_loss")
+
+
+def test_resubmitted_run_name_continues_from_its_checkpoint(make_train_config, reference, history, tmp_path,
+                                                            monkeypatch):
+    cfg = make_train_config("checkpoint.max_failures=0")
+    monkeypatch.setenv("RAYLINE_FAULT_AT_STEP", "5")
+    monkeypatch.setenv("RAYLINE_FAULT_MARKER", str(tmp_path / "fired"))
+    with pytest.raises(Exception, match="(?i)worker|training failed"):
+        main(cfg)  # no retries allowed: the job fails after its checkpoint at step 3
+    first_run = registry.find_run(cfg.mlflow.experiment, cfg.run_name)
+    assert registry.client().get_run(first_run).info.status == "FAILED"
+    run_uri = storage.join(cfg.checkpoint.storage_path, cfg.run_name)
+    assert read_trainer_state(storage.join(run_uri, "checkpoint_step000003")).step == 3
+
+    monkeypatch.delenv("RAYLINE_FAULT_AT_STEP")
+    result = main(cfg)  # the same submission again
+    assert result.mlflow_run_id == first_run and result.final_step == TOTAL_STEPS
+    assert history.values(first_run, "resume/step") == [(3, 3.0)]
+    assert history.values(first_run, "resume/adam_step") == [(3, 3.0)]
+    ref = history.curve(reference[1].mlflow_run_id)
+    assert history.curve(first_run) == ref
+    assert registry.client().get_run(first_run).info.status == "FINISHED"

@@ -1,0 +1,101 @@
+"""Sharded training checkpoints with torch.distributed.checkpoint (DCP).
+
+One checkpoint directory holds
+    .metadata, __<rank>_0.distcp   model + optimizer state, each rank writing only its own shards
+    trainer_state.json             step, data position, scheduler state, tokens seen (rank 0)
+    rng_rank<r>.pt                 each rank's torch / numpy / python RNG states
+Every rank writes into its own local directory; Ray Train merges them into one directory in storage
+when the ranks report it. Resuming reads the merged directory back on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+TRAINER_STATE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    """Everything besides tensors that a resumed run needs to continue exactly where it stopped."""
+
+    step: int = 0
+    """Optimizer steps completed."""
+    epoch: int = 0
+    """Epoch the next step reads from."""
+    micro_batches_into_epoch: int = 0
+    """Micro-batches of `epoch` already consumed (per worker): the data position to skip to on resume."""
+    tokens_seen: int = 0
+    train_time_s: float = 0.0
+    """Wall time spent inside optimizer steps (data wait included; eval and checkpoints not), over all attempts."""
+    eval_loss: float | None = None
+    first_eval_loss: float | None = None
+    scheduler: dict = field(default_factory=dict)
+    world_size: int = 1
+    export_uri: str | None = None
+    exported_step: int | None = None
+    """The step the export at `export_uri` was written at; a resumed finished run does not export again."""
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainerState":
+        data = json.loads(text)
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    state: TrainerState, rank: int) -> None:
+    """Collective: every rank writes its shards (and RNG state) into `directory`; rank 0 adds the trainer state."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
+    torch.save(rng_state(), directory / f"rng_rank{rank}.pt")
+    if rank == 0:
+        (directory / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2))
+
+
+def read_trainer_state(directory: str | Path) -> TrainerState:
+    path = Path(directory) / TRAINER_STATE
+    if not path.exists():
+        raise FileNotFoundError(f"{directory}: not a rayline checkpoint ({TRAINER_STATE} missing)")
+    return TrainerState.from_json(path.read_text())
+
+
+def load_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler, rank: int) -> TrainerState:
+    """Collective: restore model, optimizer, scheduler and this rank's RNG state; returns the trainer state."""
+    directory = Path(directory)
+    state = read_trainer_state(directory)
+    # get_state_dict gives the sharded layout (and initialises empty optimizer state) for DCP to fill in place.
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    to_load = {"model": model_sd, "optim": optim_sd}
+    dcp.load(to_load, checkpoint_id=str(directory))
+    set_state_dict(model, optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optim"])
+    if state.scheduler:
+        scheduler.load_state_dict(state.scheduler)
+    rng_file = directory / f"rng_rank{rank}.pt"
+    if rng_file.exists():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return state

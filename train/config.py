@@ -1,0 +1,179 @@
+"""The train stage's config: `configs/train/*.yaml` mirrors `TrainConfig` field for field.
+
+Checks that need only the config itself run in `__post_init__`; checks that need the dataset's
+manifest, the base model or the cluster (batch larger than the data, a missing dataset, a run that
+cannot fit) run in `train.preflight` on the driver, still before any worker starts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipelines.config import require
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+@dataclass
+class ModelConfig:
+    path: str
+    """Base model: a Hugging Face directory, an s3:// URI, or `models:/NAME@ALIAS` / `models:/NAME/VERSION`."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """Both take the block-diagonal 4D mask built from `segment_ids` for packed rows."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer in backward: less activation memory for ~30% more compute."""
+
+    def __post_init__(self):
+        require(bool(self.path.strip()), "model.path", "must name a model directory, s3:// URI or models:/ reference")
+
+
+@dataclass
+class DataConfig:
+    manifest_uri: str
+    """The prepared dataset: `<output_uri>/<version>/manifest.json` from `pipelines.prepare_data` (or its directory)."""
+    shuffle_buffer_rows: int = 256
+    """Per-worker local shuffle buffer, reseeded every epoch; 0 keeps the prepared order."""
+    materialize: list[str] = field(default_factory=lambda: ["eval"])
+    """Splits read once into Ray's object store before training; the others are re-read from storage on
+    every pass (each epoch, each eval). Keep a train split larger than the object store streaming."""
+
+    def __post_init__(self):
+        require(bool(self.manifest_uri.strip()), "data.manifest_uri", "must name a prepared dataset")
+        require(self.shuffle_buffer_rows >= 0, "data.shuffle_buffer_rows", "must be >= 0")
+        for i, split in enumerate(self.materialize):
+            require(split in ("train", "eval"), f"data.materialize[{i}]", f"{split!r} is not a split (train, eval)")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak learning rate (AdamW), reached after `warmup_steps` and decayed by cosine to `lr * min_lr_ratio`."""
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 turns clipping off."""
+
+    def __post_init__(self):
+        require(0 < self.lr < 1, "optim.lr", f"{self.lr} is not a learning rate in (0, 1)")
+        require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be within [0, 1]")
+        require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+        require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1", "betas must be within [0, 1)")
+        require(self.eps > 0, "optim.eps", "must be > 0")
+        require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = no clipping)")
+
+
+@dataclass
+class LoopConfig:
+    micro_batch_size: int = 4
+    """Packed rows per worker per forward/backward."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; global batch = micro_batch_size x num_workers x grad_accum_steps rows."""
+    epochs: int = 1
+    max_steps: int = 0
+    """Optimizer steps to run; 0 = `epochs` full passes over the train split."""
+    eval_every_steps: int = 0
+    """Eval loss on the eval split every N steps (and at start and end); 0 = at each epoch's end."""
+    eval_batch_size: int = 8
+    checkpoint_every_steps: int = 0
+    """Sharded checkpoint every N steps (and always at the end); 0 = at each eval."""
+    log_every_steps: int = 1
+    seed: int = 0
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """auto = bf16 compute (fp32 master weights and reductions) on GPU, fp32 on CPU."""
+
+    def __post_init__(self):
+        for name in ("micro_batch_size", "grad_accum_steps", "epochs", "eval_batch_size", "log_every_steps"):
+            require(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "eval_every_steps", "checkpoint_every_steps", "seed"):
+            require(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class ScalingConfig:
+    num_workers: int = 2
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] = field(default_factory=dict)
+    """Ray resources per training worker; empty = {"GPU": 1, "CPU": 1} on GPU, and on CPU an even share of
+    the cluster's CPUs after `data_cpus` (at most 1 each)."""
+    data_cpus: float = 1.0
+    """CPUs left free for Ray Data ingest tasks; training workers that took them all would deadlock ingest."""
+
+    def __post_init__(self):
+        require(self.num_workers >= 1, "scaling.num_workers", "must be >= 1")
+        require(self.data_cpus >= 0, "scaling.data_cpus", "must be >= 0")
+        for k, v in self.resources_per_worker.items():
+            require(v >= 0, f"scaling.resources_per_worker.{k}", f"must be >= 0, got {v}")
+        gpus = self.resources_per_worker.get("GPU", 0)
+        require(not (gpus and not self.use_gpu), "scaling.resources_per_worker.GPU",
+                "asks for GPUs while scaling.use_gpu is false; set use_gpu: true")
+
+    def worker_resources(self, cluster_cpus: float, reserved_cpus: float = 0.0) -> dict[str, float]:
+        """The resources each worker asks Ray for, defaults filled in; `reserved_cpus` are held by something else."""
+        res = dict(self.resources_per_worker)
+        if self.use_gpu:
+            res.setdefault("GPU", 1.0)
+            res.setdefault("CPU", 1.0)
+        elif "CPU" not in res:
+            share = (cluster_cpus - self.data_cpus - reserved_cpus) / self.num_workers
+            res["CPU"] = math.floor(min(1.0, share) * 100) / 100 if share > 0 else 0.0
+        return res
+
+
+@dataclass
+class CheckpointConfig:
+    storage_path: str
+    """Local directory or s3://bucket/prefix; the run lives in `<storage_path>/<run_name>/`."""
+    num_to_keep: int = 2
+    max_failures: int = 2
+    """Worker-group restarts (from the latest checkpoint) before the job fails."""
+
+    def __post_init__(self):
+        require(bool(self.storage_path.strip()), "checkpoint.storage_path", "must be a local path or s3:// URI")
+        require(self.num_to_keep >= 1, "checkpoint.num_to_keep", "must be >= 1 (the latest is needed to resume)")
+        require(self.max_failures >= 0, "checkpoint.max_failures", "must be >= 0")
+
+
+@dataclass
+class ExportConfig:
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights dtype of the exported checkpoint; auto = bfloat16 when trained in bf16, else float32."""
+
+
+@dataclass
+class TrackingConfig:
+    experiment: str = "rayline-train"
+    """MLflow experiment; the run is named after `run_name` and a re-submission continues it."""
+    register_as: str = "rayline-tiny"
+    """Registered model the export becomes a new version of; empty = do not register."""
+
+
+@dataclass
+class TrainConfig:
+    run_name: str
+    """Names the checkpoint directory and the MLflow run; submitting the same name again resumes it."""
+    model: ModelConfig
+    data: DataConfig
+    checkpoint: CheckpointConfig
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    mlflow: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self):
+        require(bool(RUN_NAME.match(self.run_name)), "run_name",
+                f"{self.run_name!r} must be 1-100 letters, digits, '.', '_' or '-' (it names a directory)")
+        require(not (self.train.precision == "bf16" and not self.scaling.use_gpu), "train.precision",
+                "bf16 needs GPUs (scaling.use_gpu: true); on CPU use fp32 or auto")
+
+    @property
+    def bf16(self) -> bool:
+        return self.scaling.use_gpu and self.train.precision in ("auto", "bf16")

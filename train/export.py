@@ -1,0 +1,70 @@
+"""Export the sharded model as a plain Hugging Face checkpoint that transformers and vLLM load.
+
+Every rank takes part in gathering the full state dict (offloaded to CPU); rank 0 writes
+config.json, model.safetensors, generation_config.json, the tokenizer files and
+`rayline_export.json` (lineage) to a local directory and copies it to the export URI.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from pipelines import storage
+
+EXPORT_INFO = "rayline_export.json"
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the unsharded weights on rank 0's CPU (other ranks get an empty dict)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], base_model_dir: str, out_dir: str | Path,
+                        dtype: torch.dtype, info: dict) -> Path:
+    """Write a loadable HF checkpoint from a full state dict, taking config and tokenizer from the base model."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = AutoConfig.from_pretrained(base_model_dir)
+    config.dtype = dtype
+    config.use_cache = True
+    # A meta-device shell gives save_pretrained the architecture (and tied-weight handling) without
+    # allocating a second copy of the weights.
+    with torch.device("meta"):
+        shell = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
+    shell.save_pretrained(out_dir, state_dict=weights, safe_serialization=True)
+    try:
+        GenerationConfig.from_pretrained(base_model_dir).save_pretrained(out_dir)
+    except OSError:
+        GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(base_model_dir).save_pretrained(out_dir)
+    (out_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
+    return out_dir
+
+
+def export_model(model: torch.nn.Module, base_model_dir: str, export_uri: str, dtype: torch.dtype, info: dict,
+                 rank: int) -> str:
+    """Collective: gather the weights and, on rank 0, write the HF checkpoint to `export_uri` (local or s3://)."""
+    state_dict = full_state_dict(model)
+    if rank != 0:
+        return export_uri
+    if not storage.is_remote(export_uri):
+        target = Path(storage.resolve(export_uri)[1])
+        if target.exists():
+            shutil.rmtree(target)  # a re-export after a restart replaces the partial one
+        write_hf_checkpoint(state_dict, base_model_dir, target, dtype, info)
+        return export_uri
+    with tempfile.TemporaryDirectory(prefix="rayline-export-") as tmp:
+        write_hf_checkpoint(state_dict, base_model_dir, tmp, dtype, info)
+        if storage.exists(export_uri):
+            storage.delete_tree(export_uri)
+        storage.copy_tree(tmp, export_uri)
+    return export_uri

@@ -1,0 +1,61 @@
+"""Build the Hugging Face causal LM and shard it with FSDP2 over a 1-D device mesh.
+
+`fully_shard` goes on every decoder layer, then on the root (embeddings, final norm and the LM head,
+which stay together so tied embeddings remain one parameter). FSDP2 also runs on CPU with gloo,
+which is what the CPU tests use; FSDP1 does not.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def device_mesh(device: torch.device) -> DeviceMesh:
+    """All ranks on one data-parallel axis."""
+    return init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a HF causal LM (Llama, Qwen, Mistral, ... keep them at `model.model.layers`)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no `model.layers` list of decoder layers to shard")
+    return list(layers)
+
+
+def load_model(model_dir: str, attn_implementation: str, activation_checkpointing: bool) -> torch.nn.Module:
+    """The base model in fp32 on CPU (FSDP2 moves each shard to the mesh's device)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn_implementation)
+    if activation_checkpointing:
+        # Non-reentrant checkpointing composes with FSDP2's per-layer all-gather hooks.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model
+
+
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool) -> torch.nn.Module:
+    """Apply FSDP2 to each decoder layer and the root; bf16 compute keeps fp32 master weights and reductions."""
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        # The last layer's parameters are needed again at once by the root's backward; keeping them
+        # gathered after forward saves one all-gather per step.
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def build_sharded_model(model_dir: str, device: torch.device, attn_implementation: str = "sdpa",
+                        activation_checkpointing: bool = False, bf16: bool = False) -> torch.nn.Module:
+    """Load, shard and return the model ready for training on `device`."""
+    model = load_model(model_dir, attn_implementation, activation_checkpointing)
+    model = shard_model(model, device_mesh(device), bf16)
+    model.train()
+    return model
+

@@ -1,0 +1,154 @@
+"""The training loop itself, shared by Ray Train workers and the torchrun baseline of the benchmark.
+
+It knows nothing of Ray: batches come from a `BatchSource`, and metrics, eval results and
+checkpoints go out through `LoopHooks`. The loss of a step is the sum of token losses over every
+micro-batch on every rank divided by the step's global count of loss tokens, so results do not depend
+on how the global batch is cut into ranks and micro-batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Protocol
+
+import torch
+import torch.distributed as dist
+
+from train.checkpoint import TrainerState
+from train.packed_batch import forward_loss_sum, loss_tokens
+
+Batch = dict[str, torch.Tensor]
+
+
+class BatchSource(Protocol):
+    def train_batches(self, epoch: int) -> Iterable[Batch]:
+        """This rank's micro-batches of one epoch, the same sequence every time for the same epoch."""
+
+    def eval_batches(self) -> Iterable[Batch]:
+        """This rank's share of the eval split."""
+
+
+class LoopHooks(Protocol):
+    def on_step(self, state: TrainerState, metrics: dict[str, float]) -> None: ...
+
+    def on_eval(self, state: TrainerState, metrics: dict[str, float]) -> None: ...
+
+    def on_checkpoint(self, state: TrainerState, metrics: dict[str, float]) -> None: ...
+
+
+@dataclass
+class LoopPlan:
+    """The numbers the loop runs by, fixed on the driver from the dataset's manifest."""
+
+    total_steps: int
+    steps_per_epoch: int
+    grad_accum_steps: int
+    eval_every_steps: int
+    checkpoint_every_steps: int
+    log_every_steps: int = 1
+    grad_clip: float = 1.0
+    rows_per_micro_batch: int = 1
+    seq_len: int = 1
+
+
+def _global_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device, mask_dtype: torch.dtype) -> float:
+    """Token-weighted mean loss over every rank's eval batches."""
+    model.eval()
+    loss_sum, tokens = 0.0, 0
+    for batch in batches:
+        loss_sum += float(forward_loss_sum(model, batch, device, mask_dtype))
+        tokens += loss_tokens(batch)
+    model.train()
+    total_loss, total_tokens = _global_sum([loss_sum, float(tokens)], device)
+    return total_loss / max(total_tokens, 1.0)
+
+
+def _micro_batches(source: BatchSource, state: TrainerState, plan: LoopPlan) -> Iterator[tuple[int, Batch]]:
+    """(epoch, batch) from the saved data position on; stops an epoch at its last whole step."""
+    per_epoch = plan.steps_per_epoch * plan.grad_accum_steps
+    epoch, skip = state.epoch, state.micro_batches_into_epoch
+    while True:
+        taken = 0
+        # islice stops at the epoch's last whole step without pulling one batch too many.
+        for i, batch in enumerate(itertools.islice(source.train_batches(epoch), per_epoch)):
+            if i < skip:
+                continue  # already trained on before the checkpoint this run resumed from
+            taken += 1
+            yield epoch, batch
+        if taken == 0 and skip == 0:
+            raise RuntimeError(f"epoch {epoch}: the train split gave this rank no batches")
+        epoch, skip = epoch + 1, 0
+
+
+def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler, source: BatchSource, plan: LoopPlan,
+               state: TrainerState, hooks: LoopHooks, device: torch.device, mask_dtype: torch.dtype = torch.float32,
+               after_step: Callable[[int], None] | None = None) -> TrainerState:
+    """Train from `state.step` to `plan.total_steps`; returns the final state (also passed to the hooks)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    per_epoch = plan.steps_per_epoch * plan.grad_accum_steps
+    if state.step == 0 and state.eval_loss is None:
+        state.eval_loss = state.first_eval_loss = evaluate(model, source.eval_batches(), device, mask_dtype)
+        hooks.on_eval(state, {"eval_loss": state.eval_loss})
+    stream = _micro_batches(source, state, plan) if state.step < plan.total_steps else iter(())
+    while state.step < plan.total_steps:
+        t0 = time.perf_counter()
+        micro = [next(stream) for _ in range(plan.grad_accum_steps)]
+        local_tokens = sum(loss_tokens(b) for _, b in micro)
+        (global_tokens,) = _global_sum([float(local_tokens)], device)
+        loss_sum = 0.0
+        for i, (_, batch) in enumerate(micro):
+            last = i == len(micro) - 1
+            if hasattr(model, "set_requires_gradient_sync"):
+                # Gradients are reduce-scattered once per step, on the last micro-batch.
+                model.set_requires_gradient_sync(last)
+            loss = forward_loss_sum(model, batch, device, mask_dtype)
+            # FSDP averages gradients over ranks; scaling by world size makes the result sum/global_tokens.
+            (loss * world / max(global_tokens, 1.0)).backward()
+            loss_sum += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), plan.grad_clip or float("inf"))
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        (step_loss,) = _global_sum([loss_sum], device)
+
+        # A step never spans two epochs: each epoch is cut at its last whole step.
+        epoch = micro[-1][0]
+        consumed = (state.micro_batches_into_epoch if epoch == state.epoch else 0) + plan.grad_accum_steps
+        state.step += 1
+        state.epoch, state.micro_batches_into_epoch = (epoch + 1, 0) if consumed >= per_epoch else (epoch, consumed)
+        step_rows = plan.rows_per_micro_batch * plan.grad_accum_steps * world
+        state.tokens_seen += step_rows * plan.seq_len
+        step_time = time.perf_counter() - t0
+        state.train_time_s += step_time
+        metrics = {"loss": step_loss / max(global_tokens, 1.0), "lr": lr, "grad_norm": grad_norm,
+                   "step_time_s": step_time, "tokens_per_s": step_rows * plan.seq_len / step_time,
+                   "loss_tokens": global_tokens, "epoch": float(state.epoch)}
+        if state.step % plan.log_every_steps == 0 or state.step == plan.total_steps:
+            hooks.on_step(state, metrics)
+        if after_step is not None:
+            after_step(state.step)
+
+        done = state.step == plan.total_steps
+        end_of_epoch = state.micro_batches_into_epoch == 0
+        eval_due = (state.step % plan.eval_every_steps == 0) if plan.eval_every_steps else end_of_epoch
+        if eval_due or done:
+            state.eval_loss = evaluate(model, source.eval_batches(), device, mask_dtype)
+            hooks.on_eval(state, {"eval_loss": state.eval_loss})
+        ckpt_due = (state.step % plan.checkpoint_every_steps == 0) if plan.checkpoint_every_steps else eval_due
+        if ckpt_due or done:
+            state.scheduler = scheduler.state_dict()
+            hooks.on_checkpoint(state, {**metrics, "eval_loss": state.eval_loss})
+    return state

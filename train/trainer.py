@@ -1,0 +1,128 @@
+"""The train stage on the driver: plan, open the MLflow run, run Ray Train's TorchTrainer, register the export.
+
+    from train.config import TrainConfig
+    from train.trainer import main
+    result = main(cfg)          # or: python -m pipelines.train --config configs/train/tiny.yaml
+
+Storage layout (local or s3://), all under `<checkpoint.storage_path>/<run_name>/`:
+    checkpoint_step<NNNNNN>/    DCP shards + trainer_state.json + rng_rank<r>.pt (the latest `num_to_keep`)
+    checkpoint_manager_snapshot.json   Ray Train's index of them; a re-submitted run name resumes from it
+    export/                     the final Hugging Face checkpoint (safetensors, tokenizer, generation config)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pipelines import registry, storage
+from pipelines.config import to_dict
+from pipelines.ray_cluster import init_ray, ray_address
+from train.config import TrainConfig
+from train.fault_injection import FAULT_ENV_VARS
+from train.preflight import RunPlan, plan_run
+from train.tracking import TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, register_export, training_run
+from train.worker import train_fn_per_worker
+
+FORWARDED_ENV = (*storage.S3_ENV_VARS, *FAULT_ENV_VARS, "RAYLINE_GIT_COMMIT", "HF_HOME")
+
+
+@dataclass
+class TrainResult:
+    run_name: str
+    mlflow_run_id: str
+    final_step: int
+    total_steps: int
+    first_eval_loss: float | None
+    eval_loss: float | None
+    checkpoint_uri: str
+    """The latest sharded checkpoint."""
+    export_uri: str
+    dataset_version: str
+    model_name: str | None = None
+    model_version: str | None = None
+
+
+def worker_env() -> dict[str, str]:
+    """What workers need from the driver's environment: MLflow, S3 credentials, test-only fault settings."""
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    env["MLFLOW_TRACKING_URI"] = registry.tracking_uri()
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def connect_ray() -> None:
+    """Join the cluster; outside a Ray job also pin RAY_ADDRESS for every process of this job.
+
+    Ray Train's detached placement-group cleaner finds its cluster through the state API, which on a
+    machine running several Ray clusters picks the newest one unless RAY_ADDRESS says otherwise;
+    then the placement group of a trial that Tune stopped is never released.
+    """
+    gcs = ray_address()
+    pin = gcs and not os.environ.get("RAY_JOB_SUBMISSION_ID")
+    init_ray(runtime_env={"env_vars": {"RAY_ADDRESS": gcs}} if pin else None)
+
+
+def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, callbacks: list | None = None):
+    """The TorchTrainer for one run; `fit()` resumes from `<storage_path>/<run_name>` when it holds checkpoints."""
+    import ray.train
+    from data.prepared import read_split
+    from ray.data import ExecutionOptions
+    from ray.train.torch import TorchTrainer
+
+    fs, path = storage.resolve(cfg.checkpoint.storage_path)
+    run_config = ray.train.RunConfig(
+        name=cfg.run_name, storage_path=path, storage_filesystem=fs,
+        failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
+        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.num_to_keep),
+        worker_runtime_env={"env_vars": worker_env()}, callbacks=callbacks or None,
+    )
+    resources = dict(plan.resources_per_worker)
+    scaling = ray.train.ScalingConfig(num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
+                                      resources_per_worker=resources)
+    datasets = {split: read_split(plan.manifest_uri, split) for split in ("train", "eval")}
+    for split in cfg.data.materialize:
+        datasets[split] = datasets[split].materialize()
+    # preserve_order makes the split deterministic (locality hints off), so equal seeds give equal runs
+    # and a resumed run can skip exactly the micro-batches it already trained on.
+    data_config = ray.train.DataConfig(execution_options=ExecutionOptions(preserve_order=True))
+    return TorchTrainer(
+        train_fn_per_worker,
+        train_loop_config={"cfg": to_dict(cfg), "plan": plan.to_dict(), "mlflow_run_id": mlflow_run_id},
+        scaling_config=scaling, run_config=run_config, datasets=datasets, dataset_config=data_config,
+    )
+
+
+def result_from_fit(cfg: TrainConfig, plan: RunPlan, run_id: str, fit_result) -> TrainResult:
+    metrics = fit_result.metrics or {}
+    return TrainResult(
+        run_name=cfg.run_name, mlflow_run_id=run_id, final_step=int(metrics.get("step", 0)),
+        total_steps=plan.total_steps, first_eval_loss=metrics.get("first_eval_loss"),
+        eval_loss=metrics.get("eval_loss"),
+        checkpoint_uri=_uri_like(cfg.checkpoint.storage_path, fit_result.checkpoint.path) if fit_result.checkpoint else "",
+        export_uri=metrics.get("export_uri") or "", dataset_version=plan.dataset_version,
+    )
+
+
+def _uri_like(storage_path: str, fs_path: str) -> str:
+    """Ray reports paths inside the filesystem; give them back the scheme of the configured storage path."""
+    return f"s3://{fs_path}" if storage.is_s3(storage_path) else fs_path
+
+
+def main(cfg: TrainConfig) -> TrainResult:
+    """Run (or resume) the training job `cfg.run_name`; raise ConfigError before any worker starts on bad input."""
+    import ray
+
+    connect_ray()
+    plan = plan_run(cfg, ray.cluster_resources())
+    with training_run(cfg, plan) as run_id:
+        fit_result = build_trainer(cfg, plan, run_id).fit()
+        result = result_from_fit(cfg, plan, run_id, fit_result)
+        client = registry.client()
+        client.set_tag(run_id, TAG_LATEST_CHECKPOINT, result.checkpoint_uri)
+        client.set_tag(run_id, TAG_EXPORT_URI, result.export_uri)
+        if result.export_uri and result.final_step >= plan.total_steps:
+            registered = register_export(cfg, plan, run_id, result.final_step)
+            if registered:
+                result.model_name, result.model_version = registered
+    return result

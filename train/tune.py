@@ -1,0 +1,194 @@
+"""The tune stage: a Ray Tune search (ASHA) over the train stage's own training function.
+
+    python -m pipelines.tune --config configs/tune/tiny.yaml
+
+Each trial is a Tune function trainable that builds the same TorchTrainer the train stage uses and
+calls `fit()`; rank 0's reports reach Tune through `TuneReportCallback`, so ASHA sees `step` and
+`eval_loss` at every checkpoint. Trials run as MLflow child runs of one parent run named after the
+search; the best finished trial's export is registered as a model version tagged with the search.
+Trial runs live in `<checkpoint.storage_path>/<search_name>/<search_name>-<trial id>/`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from pipelines import registry, storage
+from pipelines.config import ConfigError, flatten, from_dict, to_dict
+from train.capacity import TRIAL_DRIVER_CPUS, runs_that_fit
+from train.preflight import plan_run
+from train.tracking import log_new_params, register_export, training_run
+from train.trainer import build_trainer, connect_ray, worker_env
+from train.tune_config import TuneConfig, trial_config
+
+TAG_TUNE_SEARCH = "rayline.tune_search"
+TAG_TUNE_TRIAL = "rayline.tune_trial"
+TAG_TUNE_PARENT = "rayline.tune_parent_run"
+TAG_TUNE_METRIC = "rayline.tune_metric"
+
+
+@dataclass
+class TrialSummary:
+    trial_id: str
+    run_name: str
+    mlflow_run_id: str | None
+    sampled: dict
+    step: int
+    metric: float | None
+    finished: bool
+    """Ran every planned step and exported (ASHA-stopped trials did not)."""
+
+
+@dataclass
+class TuneResult:
+    search_name: str
+    parent_run_id: str
+    max_concurrent_trials: int
+    capacity: str
+    """The arithmetic behind max_concurrent_trials."""
+    trials: list[TrialSummary] = field(default_factory=list)
+    best: TrialSummary | None = None
+    model_name: str | None = None
+    model_version: str | None = None
+
+
+def trial_resources(cfg: TuneConfig, cluster: dict[str, float]) -> dict[str, float]:
+    """Per-worker resources of every trial, fixed once on the driver (the trial driver's CPU left out of the share)."""
+    base = cfg.base_train_config()
+    return base.scaling.worker_resources(float(cluster.get("CPU", 0)), TRIAL_DRIVER_CPUS)
+
+
+def max_concurrent_trials(cfg: TuneConfig, cluster: dict[str, float]) -> tuple[int, str]:
+    """Trials that may run at once, and the arithmetic; ConfigError when the search cannot run as asked."""
+    base = cfg.base_train_config()
+    resources = trial_resources(cfg, cluster)
+    fit = runs_that_fit(cluster, base.scaling.num_workers, resources, base.scaling.data_cpus, TRIAL_DRIVER_CPUS)
+    if fit.runs < 1 or resources.get("CPU", 1) <= 0:
+        raise ConfigError(f"scaling.resources_per_worker: not even one trial fits, so the search is refused: "
+                          f"{fit.explain(1)} ({cfg.train_config})")
+    if cfg.max_concurrent_trials > fit.runs:
+        raise ConfigError(f"max_concurrent_trials: {cfg.max_concurrent_trials} concurrent trials do not fit, "
+                          f"at most {fit.runs} do: {fit.explain(cfg.max_concurrent_trials)}")
+    n = min(cfg.max_concurrent_trials or fit.runs, cfg.num_samples)
+    return n, fit.explain(n)
+
+
+def run_trial(config: dict, tune_cfg: dict, parent_run_id: str, env: dict[str, str],
+              resources_per_worker: dict[str, float]) -> None:
+    """Tune function trainable: one trial = one train-stage run under the search's parent MLflow run.
+
+    `config` holds the sampled values; the rest comes through `tune.with_parameters`, which keeps the
+    environment (S3 credentials) out of the trial configs Tune writes to storage.
+    """
+    import ray
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    # Trial actors are started by Tune, not by our driver: give them the driver's MLflow and S3 settings.
+    os.environ.update(env)
+    cfg = from_dict(TuneConfig, tune_cfg, "tune config")
+    trial_id = tune.get_context().get_trial_id()
+    base = cfg.base_train_config()
+    train_cfg = trial_config(base, {k: config[k] for k in cfg.space}, f"{cfg.search_name}-{trial_id}",
+                             storage.join(base.checkpoint.storage_path, cfg.search_name), cfg.experiment,
+                             resources_per_worker)
+    plan = plan_run(train_cfg, ray.cluster_resources())
+    tags = {TAG_TUNE_SEARCH: cfg.search_name, TAG_TUNE_TRIAL: trial_id, TAG_TUNE_PARENT: parent_run_id}
+    with training_run(train_cfg, plan, parent_run_id=parent_run_id, extra_tags=tags) as run_id:
+        build_trainer(train_cfg, plan, run_id, callbacks=[TuneReportCallback()]).fit()
+
+
+def _summaries(cfg: TuneConfig, results, parent_run_id: str, total_steps: int) -> list[TrialSummary]:
+    client = registry.client()
+    exp = client.get_experiment_by_name(cfg.experiment)
+    children = client.search_runs([exp.experiment_id], f"tags.`{TAG_TUNE_PARENT}` = '{parent_run_id}'") if exp else []
+    by_trial = {r.data.tags.get(TAG_TUNE_TRIAL): r for r in children}
+    out = []
+    for res in results:
+        metrics = res.metrics or {}
+        trial_id = metrics.get("trial_id", "unknown")  # Tune adds it to every reported result
+        run = by_trial.get(trial_id)
+        step = int(metrics.get("step", 0))
+        out.append(TrialSummary(
+            trial_id=trial_id, run_name=run.info.run_name if run else "", mlflow_run_id=run.info.run_id if run else None,
+            sampled={k: res.config.get(k) for k in cfg.space}, step=step, metric=metrics.get(cfg.metric),
+            finished=bool(metrics.get("export_uri")) and step >= total_steps,
+        ))
+        if run and run.info.status == "RUNNING":
+            # ASHA stops a trial by ending its actor, so its child run never closed itself.
+            client.set_tag(run.info.run_id, "rayline.tune_stopped_at_step", str(step))
+            client.set_terminated(run.info.run_id, "KILLED")
+    return out
+
+
+def main(cfg: TuneConfig) -> TuneResult:
+    """Run the search; register the best finished trial. ConfigError (before any trial starts) if it cannot run."""
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    connect_ray()
+    cluster = ray.cluster_resources()
+    concurrent, arithmetic = max_concurrent_trials(cfg, cluster)
+    base = cfg.base_train_config()
+    resources = trial_resources(cfg, cluster)
+    plan = plan_run(trial_config(base, {}, f"{cfg.search_name}-check", resources_per_worker=resources), cluster)
+    # ASHA puts its last rung at max_t; one step short of a trial's end keeps every rung before the final
+    # report, so a trial that gets there always finishes (final checkpoint, export, closed MLflow run).
+    max_t = min(cfg.asha.max_t or plan.total_steps, plan.total_steps - 1)
+    if cfg.asha.grace_period > max_t:
+        raise ConfigError(f"asha.grace_period: {cfg.asha.grace_period} steps leaves no rung before the end of a "
+                          f"{plan.total_steps}-step trial")
+
+    fs, path = storage.resolve(storage.join(base.checkpoint.storage_path, cfg.search_name))
+    tags = registry.lineage_tags("tune", **{TAG_TUNE_SEARCH: cfg.search_name,
+                                            registry.TAG_DATASET_VERSION: plan.dataset_version,
+                                            registry.TAG_DATASET_MANIFEST: plan.manifest_uri,
+                                            registry.TAG_BASE_MODEL: base.model.path})
+    with registry.start_run(cfg.experiment, cfg.search_name, tags=tags) as parent:
+        parent_id = parent.info.run_id
+        client = registry.client()
+        log_new_params(parent_id, {k: str(v)[:6000] for k, v in {**flatten(cfg), "max_concurrent_trials": concurrent}.items()})
+        client.set_tag(parent_id, "rayline.capacity", arithmetic)
+        print(f"search {cfg.search_name}: {cfg.num_samples} trials, {concurrent} at a time ({arithmetic})", flush=True)
+
+        trainable = tune.with_parameters(run_trial, tune_cfg=to_dict(cfg), parent_run_id=parent_id, env=worker_env(),
+                                         resources_per_worker=resources)
+        tuner = tune.Tuner(
+            tune.with_resources(trainable, {"CPU": TRIAL_DRIVER_CPUS}),
+            param_space={k: d.to_tune() for k, d in cfg.space.items()},
+            tune_config=tune.TuneConfig(
+                metric=cfg.metric, mode=cfg.mode, num_samples=cfg.num_samples,
+                scheduler=ASHAScheduler(time_attr="step", max_t=max_t, grace_period=cfg.asha.grace_period,
+                                        reduction_factor=cfg.asha.reduction_factor, stop_last_trials=False),
+                # The limit goes on the generator itself: Tune ignores max_concurrent_trials when a
+                # search_alg generator is passed in.
+                search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=concurrent),
+            ),
+            run_config=tune.RunConfig(name="tune", storage_path=path, storage_filesystem=fs),
+        )
+        grid = tuner.fit()
+        result = TuneResult(cfg.search_name, parent_id, concurrent, arithmetic)
+        result.trials = _summaries(cfg, list(grid), parent_id, plan.total_steps)
+        finished = [t for t in result.trials if t.finished and t.metric is not None]
+        if not finished:
+            raise RuntimeError(f"search {cfg.search_name}: no trial finished (see MLflow parent run {parent_id})")
+        sign = 1 if cfg.mode == "min" else -1
+        result.best = min(finished, key=lambda t: sign * t.metric)
+        client.log_metric(parent_id, f"best_{cfg.metric}", result.best.metric)
+        client.set_tag(parent_id, "rayline.best_trial", result.best.trial_id)
+        client.set_tag(parent_id, "rayline.best_run_id", result.best.mlflow_run_id or "")
+
+        best_cfg = trial_config(base, result.best.sampled, result.best.run_name,
+                                storage.join(base.checkpoint.storage_path, cfg.search_name), cfg.experiment, resources)
+        best_plan = plan_run(best_cfg, cluster)
+        version_tags = {TAG_TUNE_SEARCH: cfg.search_name, TAG_TUNE_PARENT: parent_id,
+                        TAG_TUNE_TRIAL: result.best.trial_id, TAG_TUNE_METRIC: f"{cfg.metric}={result.best.metric:.6g}"}
+        registered = register_export(best_cfg, best_plan, result.best.mlflow_run_id, result.best.step, version_tags,
+                                     model_name=cfg.register_as or base.mlflow.register_as)
+        if registered:
+            result.model_name, result.model_version = registered
+            client.set_tag(parent_id, "rayline.model_version", f"{registered[0]}/{registered[1]}")
+    return result

@@ -1,0 +1,155 @@
+"""What each Ray Train worker runs: restore, train with the shared loop, checkpoint through Ray, export.
+
+`train_fn_per_worker(config)` is the TorchTrainer's `train_loop_per_worker`. Its config holds the
+TrainConfig (as a dict), the driver's RunPlan and the MLflow run id. Data comes from the worker's
+dataset shards; checkpoints are DCP directories reported with `ray.train.report`, which Ray Train
+merges across ranks into `<run_uri>/checkpoint_step<N>/` and keeps `num_to_keep` of.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from pipelines import storage
+from pipelines.config import from_dict
+from train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from train.config import TrainConfig
+from train.export import export_model
+from train.fault_injection import maybe_kill_worker
+from train.fsdp import build_sharded_model
+from train.loop import Batch, train_loop
+from train.optimizer import adam_state_summary, build_optimizer
+from train.preflight import RunPlan
+from train.tracking import MetricLogger
+
+
+class ShardBatches:
+    """A `BatchSource` over this worker's Ray Data shards: deterministic order, reseeded shuffle per epoch."""
+
+    def __init__(self, train_shard, eval_shard, cfg: TrainConfig, device: torch.device):
+        self.train_shard, self.eval_shard = train_shard, eval_shard
+        self.cfg, self.device = cfg, device
+
+    def train_batches(self, epoch: int) -> Iterable[Batch]:
+        buffer = self.cfg.data.shuffle_buffer_rows or None
+        return self.train_shard.iter_torch_batches(
+            batch_size=self.cfg.train.micro_batch_size, drop_last=True, dtypes=torch.int64, device=self.device,
+            local_shuffle_buffer_size=buffer, local_shuffle_seed=self.cfg.train.seed + epoch if buffer else None,
+        )
+
+    def eval_batches(self) -> Iterable[Batch]:
+        return self.eval_shard.iter_torch_batches(batch_size=self.cfg.train.eval_batch_size, dtypes=torch.int64,
+                                                  device=self.device)
+
+
+class RayHooks:
+    """LoopHooks: step metrics to MLflow (rank 0), checkpoints and their metrics to Ray Train (all ranks).
+
+    The last checkpoint of a run is taken after the export and records it, so a restart after that
+    point neither trains nor exports again.
+    """
+
+    def __init__(self, model, optimizer, logger: MetricLogger, rank: int, total_steps: int,
+                 export: Callable[[TrainerState], str]):
+        self.model, self.optimizer, self.logger, self.rank = model, optimizer, logger, rank
+        self.total_steps, self.export = total_steps, export
+        self.root = Path(tempfile.mkdtemp(prefix=f"rayline-ckpt-r{rank}-"))
+
+    def on_step(self, state: TrainerState, metrics: dict[str, float]) -> None:
+        if self.rank == 0:
+            self.logger.log(state.step, metrics)
+
+    def on_eval(self, state: TrainerState, metrics: dict[str, float]) -> None:
+        if self.rank == 0:
+            self.logger.log(state.step, metrics)
+            print(f"step {state.step}: eval_loss {metrics['eval_loss']:.4f}", flush=True)
+
+    def on_checkpoint(self, state: TrainerState, metrics: dict[str, float]) -> None:
+        if state.step >= self.total_steps and state.exported_step != state.step:
+            state.export_uri, state.exported_step = self.export(state), state.step
+            if self.rank == 0:
+                self.logger.log(state.step, {"exported": 1.0})
+        report_checkpoint(self.model, self.optimizer, state, metrics, self.rank, self.root, self.logger)
+
+
+def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank: int, root: Path,
+                      logger: MetricLogger) -> None:
+    """Save this rank's part of a DCP checkpoint and report it (a barrier across ranks)."""
+    import ray.train
+
+    name = f"checkpoint_step{state.step:06d}"
+    local = root / name
+    save_checkpoint(local, model, optimizer, state, rank)
+    fingerprint = adam_state_summary(optimizer)
+    if rank == 0:
+        logger.log(state.step, {f"checkpoint/{k}": v for k, v in fingerprint.items()})
+    report = {"step": state.step, "epoch": state.epoch, "eval_loss": state.eval_loss,
+              "first_eval_loss": state.first_eval_loss, "loss": metrics.get("loss"), "tokens_seen": state.tokens_seen,
+              "train_time_s": state.train_time_s,
+              "export_uri": state.export_uri or "", **fingerprint}
+    ray.train.report({k: v for k, v in report.items() if v is not None},
+                     checkpoint=ray.train.Checkpoint.from_directory(str(local)), checkpoint_dir_name=name,
+                     delete_local_checkpoint_after_upload=True)
+
+
+def _model_dir(plan: RunPlan, local_rank: int) -> str:
+    """A local directory with the base model (downloaded once per node when it lives in S3)."""
+    if not storage.is_remote(plan.model_uri):
+        return storage.resolve(plan.model_uri)[1]
+    cache = Path(tempfile.gettempdir()) / "rayline-models"
+    if local_rank == 0:
+        storage.local_copy(plan.model_uri, cache)
+    dist.barrier()
+    return storage.local_copy(plan.model_uri, cache)
+
+
+def train_fn_per_worker(config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    cfg = from_dict(TrainConfig, config["cfg"], "train_loop_config")
+    plan = RunPlan.from_dict(config["plan"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    if device.type == "cpu":
+        # One thread per worker: fractional-CPU workers share cores, and results stay bit-for-bit repeatable.
+        torch.set_num_threads(max(1, int(plan.resources_per_worker.get("CPU", 1))))
+    torch.manual_seed(cfg.train.seed)
+
+    model_dir = _model_dir(plan, ctx.get_local_rank())
+    model = build_sharded_model(model_dir, device, cfg.model.attn_implementation,
+                                cfg.model.activation_checkpointing, cfg.bf16)
+    optimizer, scheduler = build_optimizer(model, cfg.optim, plan.total_steps)
+    logger = MetricLogger(config.get("mlflow_run_id") if rank == 0 else None)
+
+    state = TrainerState(world_size=world)
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as ckpt_dir:
+            state = load_checkpoint(ckpt_dir, model, optimizer, scheduler, rank)
+        resumed = {"resume/step": state.step, **{f"resume/{k}": v for k, v in adam_state_summary(optimizer).items()}}
+        if rank == 0:
+            logger.log(state.step, resumed)
+            print(f"resumed from {checkpoint.path} at step {state.step} (epoch {state.epoch}, "
+                  f"{state.micro_batches_into_epoch} micro-batches in)", flush=True)
+
+    export_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+        cfg.export.dtype, torch.bfloat16 if cfg.bf16 else torch.float32)
+
+    def export(final: TrainerState) -> str:
+        info = {"run_name": cfg.run_name, "step": final.step, "dataset_version": plan.dataset_version,
+                "dataset_manifest": plan.manifest_uri, "base_model": cfg.model.path,
+                "mlflow_run_id": config.get("mlflow_run_id"), "eval_loss": final.eval_loss}
+        return export_model(model, model_dir, plan.export_uri, export_dtype, info, rank)
+
+    hooks = RayHooks(model, optimizer, logger, rank, plan.total_steps, export)
+    source = ShardBatches(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("eval"), cfg, device)
+    mask_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+    train_loop(model, optimizer, scheduler, source, plan.loop, state, hooks, device, mask_dtype,
+               after_step=lambda step: maybe_kill_worker(step, rank, world))
