@@ -124,7 +124,8 @@ def part_rayline(w: dict, work: Path) -> dict:
     }, "bench")
     started = time.perf_counter()
     os.environ.pop("RAY_ADDRESS", None)
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    # address="local": a new 2-CPU Ray for this process, never a cluster someone else started on the machine.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     result = main(cfg)
     e2e_s = time.perf_counter() - started  # ray.init included: a job pays it too
     ray.shutdown()

@@ -15,18 +15,22 @@ import time
 from dataclasses import dataclass, field
 
 import ray
-from ray.data.block import BlockMetadata
-from ray.data.datasource import Datasource, ReadTask
 
 from data import manifest as mf
 from data import tracking
 from data.config import Config, content_config_hash
-from data.prepared import load_manifest
+from data.datasource import LinesDatasource
 from data.examples import EVAL, TRAIN, ExamplePlan, TemplateSpec, to_examples
+from data.prepared import load_manifest
 from data.records import RecordRules
 from data.shards import ShardBuilder, ShardPlan
-from data.sources import LINES_SCHEMA, SourceFile, discover, group_files, hash_file, read_lines
-from data.tokens import check_template, load_tokenizer, read_tokenizer_files, tokenizer_identity
+from data.sources import SourceFile, discover, hash_file
+from data.tokens import (
+    check_template,
+    load_tokenizer,
+    read_tokenizer_files,
+    tokenizer_identity,
+)
 from pipelines import storage
 from pipelines.ray_cluster import cluster_cpus, init_ray
 
@@ -45,42 +49,9 @@ class Result:
     manifest: dict = field(default_factory=dict, repr=False)
 
 
-class LinesDatasource(Datasource):
-    """Ray Data datasource over the input files: raw lines (see `data.sources.read_lines`), one read task
-    per file, or per group of files when there are many small ones."""
-
-    def __init__(self, files: list[SourceFile], block_rows: int = 8192):
-        super().__init__()
-        self.files = files
-        self.block_rows = block_rows
-
-    def estimate_inmemory_data_size(self) -> int:
-        return sum(f.size for f in self.files)
-
-    @property
-    def supports_distributed_reads(self) -> bool:
-        # A local path exists on the driver's node only (unless it is a shared mount, which we cannot tell).
-        return all(storage.is_remote(f.uri) for f in self.files)
-
-    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list[ReadTask]:
-        tasks = []
-        for group in group_files(self.files, parallelism):
-            meta = BlockMetadata(num_rows=None, size_bytes=sum(f.size for f in group), exec_stats=None,
-                                 input_files=[f.uri for f in group])
-
-            def read(group=group, block_rows=self.block_rows):
-                for f in group:
-                    yield from read_lines(f, block_rows)
-
-            tasks.append(ReadTask(read, meta, schema=LINES_SCHEMA, per_task_row_limit=per_task_row_limit))
-        return tasks
-
-
 def _pool_size(cpus: float, num_shards: int) -> tuple[int, int]:
-    """(tokenizer actors, threads per actor). An actor pool holding every logical CPU starves the read
-    tasks that feed it (a deadlock on a 2-CPU box), so one CPU always stays free for them; the Rust
-    tokenizer's own threads then use the cores the pool does not hold."""
-    actors = max(1, min(int(cpus) - 1, num_shards))
+    """(most tokenizer actors, Rust tokenizer threads per actor) for a cluster of `cpus` logical CPUs."""
+    actors = max(1, min(int(cpus), num_shards))
     return actors, max(1, int(cpus) // actors)
 
 
@@ -98,16 +69,27 @@ def _template_spec(cfg: Config, tok) -> TemplateSpec:
     return TemplateSpec(tok.chat_template, special, tok.eos_token or "", cfg.append_eos)
 
 
-def build_dataset(cfg: Config, files: list[SourceFile], example_plan: ExamplePlan, shard_plan: ShardPlan,
-                  actors: int) -> ray.data.Dataset:
-    """The lazy pipeline; iterating it runs the stage and yields one stats row per bucket."""
-    return (
+def run_pipeline(cfg: Config, files: list[SourceFile], example_plan: ExamplePlan, shard_plan: ShardPlan) -> list[dict]:
+    """Run the stage on Ray Data; returns the stats of every bucket (see `data.shards.build_shard`).
+
+    Two executions, so that each has every CPU. First the reads, validation and rendering (tasks) and the
+    hash shuffle by bucket, whose output stays in the object store: the shuffle is a barrier anyway, so
+    this holds nothing the shuffle would not. Then the tokenizer actors, one bucket partition per call.
+    Started together, the actor pool would hold CPUs idle while the reads need them, and a pool holding
+    every CPU would leave the reads none at all (a deadlock on a 2-CPU machine); started after, nothing
+    upstream needs a CPU, so the pool may grow to every CPU.
+    """
+    buckets = (
         ray.data.read_datasource(LinesDatasource(files))
         .map_batches(to_examples, batch_format="pyarrow", batch_size=None, fn_kwargs={"plan": example_plan})
-        .groupby("bucket", num_partitions=cfg.num_shards)
-        .map_groups(ShardBuilder, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors),
-                    num_cpus=1, fn_constructor_kwargs={"plan": shard_plan})
+        .repartition(cfg.num_shards, keys=["bucket"])  # hash shuffle: one block per partition
+        .materialize()
     )
+    actors, _ = _pool_size(cluster_cpus(), cfg.num_shards)
+    pool = ray.data.ActorPoolStrategy(min_size=1, max_size=actors, max_tasks_in_flight_per_actor=1)
+    built = buckets.map_batches(ShardBuilder, batch_format="pyarrow", batch_size=None, compute=pool, num_cpus=1,
+                                fn_constructor_kwargs={"plan": shard_plan})
+    return [json.loads(row["stats"]) for row in built.iter_rows()]
 
 
 def main(cfg: Config) -> Result:
@@ -141,13 +123,12 @@ def main(cfg: Config) -> Result:
 
     example_plan = ExamplePlan(RecordRules.from_config(cfg), _template_spec(cfg, tok), cfg.num_shards, cfg.seed,
                                0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len)
-    actors, threads = _pool_size(cluster_cpus(), cfg.num_shards)
+    _, threads = _pool_size(cluster_cpus(), cfg.num_shards)
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
                            threads)
     with tracking.data_run(cfg, version, manifest_uri) as run_id:
-        stats = [json.loads(row["stats"]) for row in build_dataset(cfg, files, example_plan, shard_plan, actors).iter_rows()]
-        totals = mf.add_up(stats)
+        totals = mf.add_up(run_pipeline(cfg, files, example_plan, shard_plan))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
                                      totals, run_id)
         wall_s = time.perf_counter() - t0

@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.examples import EVAL, TRAIN
-from data.prepared import COLUMNS, ROW_SCHEMA
 from data.packing import IGNORE, PackedRows, pack_sequences, pad_sequences
+from data.prepared import COLUMNS, ROW_SCHEMA
 from data.tokens import encode_with_labels, load_backend, set_thread_count
 from pipelines import storage
 
@@ -153,12 +153,17 @@ def build_shard(group: pa.Table, backend, plan: ShardPlan) -> dict:
 
 
 class ShardBuilder:
-    """Ray Data callable class for `map_groups`: loads the tokenizer once per actor, builds each bucket."""
+    """Ray Data callable class: loads the tokenizer once per actor, builds every bucket it is given."""
 
     def __init__(self, plan: ShardPlan):
         set_thread_count(plan.tokenizer_threads)
         self.plan = plan
         self.backend = load_backend(plan.backend_json)
 
-    def __call__(self, group: pa.Table) -> pa.Table:
-        return pa.table({"stats": [json.dumps(build_shard(group, self.backend, self.plan))]})
+    def __call__(self, partition: pa.Table) -> pa.Table:
+        """One hash partition (it may hold several buckets) -> one stats row per bucket."""
+        stats = []
+        for bucket in sorted(pc.unique(partition["bucket"]).to_pylist()):
+            group = partition.filter(pc.equal(partition["bucket"], bucket))
+            stats.append(json.dumps(build_shard(group, self.backend, self.plan)))
+        return pa.table({"stats": pa.array(stats, pa.string())})

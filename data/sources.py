@@ -1,9 +1,10 @@
 """Input files: finding them under the configured URIs, hashing their bytes, and reading them as raw lines.
 
 `read_lines` streams a file as blocks of (source, line, raw bytes) without parsing (the stage's Ray Data
-datasource, `data.prepare.LinesDatasource`, runs it in read tasks), so a malformed line is a row like any other and becomes a reject with its line number
-instead of failing the read. JSONL and text files are read line by line (blank lines are separators, not
-records); Parquet rows are re-serialised as JSON, with their 0-based row index as `line`.
+datasource, `data.datasource.LinesDatasource`, runs it in read tasks), so a malformed line is a row like
+any other and becomes a reject with its line number instead of failing the read. JSONL and text files are
+read line by line (blank lines are separators, not records); Parquet rows are re-serialised as JSON, with
+their 0-based row index as `line`.
 """
 
 from __future__ import annotations

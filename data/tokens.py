@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import registry, storage
+from pipelines import storage
 
 IGNORE = -100
 # Files a Hugging Face tokenizer may load from; weights and model config are not needed here.
@@ -31,7 +31,14 @@ _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 def read_tokenizer_files(ref: str) -> tuple[str, dict[str, bytes]]:
     """(where the files came from, {file name: bytes}) for a path, s3:// URI, `models:/` ref or hub id."""
-    location = registry.resolve_model_uri(ref) if ref.startswith("models:/") else ref
+    if ref.startswith("models:/"):
+        from pipelines import (
+            registry,  # MLflow, only when asked for: workers import this module too
+        )
+
+        location = registry.resolve_model_uri(ref)
+    else:
+        location = ref
     if not storage.is_remote(location) and not Path(location).exists():
         if not _HUB_ID.fullmatch(location):
             raise FileNotFoundError(f"tokenizer: {location} does not exist (give a path, s3:// URI, "

@@ -7,6 +7,7 @@ MLflow is optional for this stage: without MLFLOW_TRACKING_URI set, the run is s
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -60,8 +61,11 @@ def log_outcome(manifest: dict, manifest_uri: str, wall_s: float) -> None:
     version_uri = manifest_uri.rsplit("/", 1)[0]
     schema = Schema([ColSpec(Array(DataType.integer), name) for name in
                      ("input_ids", "labels", "position_ids", "segment_ids")])
-    dataset = MetaDataset(source=resolve_dataset_source(version_uri), name=f"rayline-{manifest['version']}",
-                          digest=manifest["version"], schema=schema)
+    with warnings.catch_warnings():
+        # A local path matches MLflow's local source twice over; it says so, and picks the right one.
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(version_uri)
+    dataset = MetaDataset(source=source, name=f"rayline-{manifest['version']}", digest=manifest["version"], schema=schema)
     mlflow.log_input(dataset, context="prepared")
     mlflow.set_tags({"rayline.dataset_rows": str(manifest["splits"]["train"]["rows"]),
                      "rayline.tokenizer_hash": manifest["tokenizer"]["hash"][:16]})

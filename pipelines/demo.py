@@ -1,21 +1,28 @@
 """The main job on the embedded local stack: `make demo` runs `python -m pipelines.demo`.
 
-Brings the stack up, writes the sample corpus and the tiny base model, registers the base model in
-MLflow, and runs every stage that exists as a Ray job through the Jobs API (as `ray job submit`
-would), then prints a summary with the URLs to look at.
+stack up -> sample corpus + tiny base model -> prepare data -> small Tune search -> train the best
+configuration -> register -> batch eval of base and fine-tuned -> promote (the MLflow UI's REST call)
+-> rollout to the Serve app -> an OpenAI chat request answered by the promoted version -> summary.
+
+Every stage runs as a Ray job through the Jobs API (`pipelines.submit`, as `ray job submit` would);
+the demo reads what each stage produced back from MLflow (runs carry the Ray job id), so it walks the
+same joints a user does. Stage logs go to `<work_dir>/logs/<stage>.log`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines import registry, stack
 from pipelines.config import from_dict
+from pipelines.submit import submit_stage
 
 BASE_MODEL_NAME = "rayline-tiny-base"
 
@@ -26,14 +33,18 @@ class DemoConfig:
     work_dir: str = ".rayline/demo"
     """Where the corpus, the base model and stage outputs go (local disk: the embedded default)."""
     model_name: str = "rayline-tiny"
-    """Registered model name of the fine-tuned versions."""
     seed: int = 0
     n_train: int = 4000
     n_eval: int = 200
+    tune_samples: int = 3
     stack_overrides: dict[str, int] = field(default_factory=dict)
 
 
-def step(title: str):
+class StageFailed(RuntimeError):
+    pass
+
+
+def step(title: str) -> float:
     print(f"\n==> {title}", flush=True)
     return time.time()
 
@@ -65,31 +76,159 @@ def register_base_model(base: Path) -> str:
     return mv.version
 
 
+def run_stage(stage: str, config: str, overrides: list[str], logs: Path) -> str:
+    """Submit a stage as a Ray job, stream its log to a file, and return the job id; raise with the log tail on failure."""
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"{stage}.log"
+    t = time.time()
+    print(f"    ray job: python -m {stage} --config {config} ({len(overrides)} overrides); log: {log}", flush=True)
+    with open(log, "w") as out:
+        result = submit_stage(stage, config, overrides, stream=out)
+    print(f"    {result.status} in {time.time() - t:.0f}s (job {result.job_id})", flush=True)
+    if result.status != "SUCCEEDED":
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        raise StageFailed(f"stage {stage} {result.status} (job {result.job_id}); full log: {log}\n{tail}")
+    return result.job_id
+
+
+def run_of_job(job_id: str):
+    """The MLflow run a stage job created (runs carry `rayline.ray_job_id`)."""
+    import mlflow
+
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                              filter_string=f"tags.`{registry.TAG_RAY_JOB_ID}` = '{job_id}'",
+                              order_by=["attributes.start_time ASC"])
+    if not runs:
+        raise StageFailed(f"job {job_id} left no MLflow run tagged {registry.TAG_RAY_JOB_ID}")
+    return runs[0]
+
+
+def promote(name: str, version: str, alias: str = registry.DEFAULT_ALIAS) -> None:
+    """Set the alias with the REST call the MLflow UI makes when a person promotes a version."""
+    body = json.dumps({"name": name, "alias": alias, "version": str(version)}).encode()
+    req = urllib.request.Request(f"{registry.tracking_uri()}/api/2.0/mlflow/registered-models/alias", data=body,
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        r.read()
+
+
+def chat(base_url: str, question: str) -> tuple[str, str]:
+    """One OpenAI-client chat request; returns (answer, the version that served it)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="not-needed")
+    resp = client.chat.completions.create(model="rayline", messages=[{"role": "user", "content": question}],
+                                          max_tokens=16, temperature=0)
+    return resp.choices[0].message.content, resp.system_fingerprint or ""
+
+
 def main(cfg: DemoConfig) -> dict:
     t0 = step("stack up (Ray head, MLflow)")
     scfg = from_dict(stack.StackConfig, {"state_dir": cfg.state_dir, **cfg.stack_overrides}, "demo")
     stack.up(scfg)
     os.environ.update(stack.env_vars(scfg))
+    work = Path(cfg.work_dir).resolve()
+    logs = work / "logs"
 
     step("sample corpus + tiny base model")
     inputs = prepare_inputs(cfg)
-    version = register_base_model(inputs["base_model"])
-    print(f"base model registered: models:/{BASE_MODEL_NAME}/{version} (alias @base)")
+    base_version = register_base_model(inputs["base_model"])
+    base_ref = f"models:/{BASE_MODEL_NAME}/{base_version}"
+    print(f"    base model registered: {base_ref} (alias @base)")
+    corpus = inputs["corpus"]
 
-    summary = {"base_model": f"models:/{BASE_MODEL_NAME}/{version}", "elapsed_s": round(time.time() - t0, 1)}
+    step("prepare data (Ray Data)")
+    job = run_stage("data", "configs/data/sample.yaml", [
+        f"inputs=[{corpus / 'train.jsonl'},{corpus / 'malformed.jsonl'}]", f"eval_inputs=[{corpus / 'eval.jsonl'}]",
+        f"output_uri={work / 'prepared'}", f"tokenizer={inputs['base_model']}"], logs)
+    data_run = run_of_job(job)
+    dataset_version = data_run.data.tags[registry.TAG_DATASET_VERSION]
+    manifest = data_run.data.tags[registry.TAG_DATASET_MANIFEST]
+    counts = {k: int(v) for k, v in data_run.data.metrics.items() if k in ("read", "rejected", "deduplicated",
+                                                                           "written_examples")}
+    print(f"    dataset {dataset_version}: {counts}")
+
+    common = [f"model.path={base_ref}", f"data.manifest_uri={manifest}", f"checkpoint.storage_path={work / 'train'}"]
+    step(f"Tune search ({cfg.tune_samples} trials, ASHA)")
+    search = f"demo-search-{int(time.time())}"
+    job = run_stage("tune", "configs/tune/tiny.yaml", [
+        f"search_name={search}", f"num_samples={cfg.tune_samples}", "register_as=",
+        f"train_overrides=[train.epochs=1,train.eval_every_steps=4,train.checkpoint_every_steps=4,{','.join(common)}]",
+    ], logs)
+    import mlflow
+
+    parent = run_of_job(job)
+    best = mlflow.get_run(parent.data.tags["rayline.best_run_id"])
+    searched = ("optim.lr", "optim.warmup_steps", "optim.weight_decay")
+    best_params = {k: best.data.params[k] for k in searched if k in best.data.params}
+    print(f"    best trial {parent.data.tags.get('rayline.best_trial')}: {best_params}")
+
+    step("train the best configuration (Ray Train, FSDP2) and register it")
+    run_name = f"demo-{dataset_version}-{int(time.time())}"
+    job = run_stage("train", "configs/train/tiny.yaml", [f"run_name={run_name}", *common,
+                    f"mlflow.register_as={cfg.model_name}", *[f"{k}={v}" for k, v in best_params.items()]], logs)
+    train_run = run_of_job(job)
+    versions = registry.client().search_model_versions(f"name = '{cfg.model_name}' and run_id = '{train_run.info.run_id}'")
+    if not versions:
+        raise StageFailed(f"train job {job} registered no version of {cfg.model_name}")
+    version = str(max(int(v.version) for v in versions))
+    print(f"    registered models:/{cfg.model_name}/{version}")
+
+    step("batch eval (Ray Data + vLLM): base vs fine-tuned")
+    scores = {}
+    for label, ref in (("base", base_ref), ("fine-tuned", f"models:/{cfg.model_name}/{version}")):
+        run_stage("batch_infer", "configs/batch/eval_tiny.yaml", [
+            f"engine.model={ref}", f"input_uri={corpus / 'eval.jsonl'}", f"output_uri={work / 'batch' / label}"], logs)
+        name, ver = registry.parse_model_ref(ref)[:2]
+        scores[label] = float(registry.get_version(f"models:/{name}/{ver}").tags.get("eval.exact_match", "nan"))
+        print(f"    {label}: exact match {scores[label]:.3f}")
+
+    step(f"promote {cfg.model_name}/{version} to @champion (MLflow REST, as the UI does) and roll out")
+    promoted_at = time.time()
+    promote(cfg.model_name, version)
+    run_stage("rollout", "configs/rollout/tiny.yaml", [f"model={cfg.model_name}"], logs)
+    rollout_s = time.time() - promoted_at
+
+    step("chat request through the OpenAI API")
+    question = "What is 3 + 4?"
+    answer, served = chat(scfg_serve_url(scfg), question)
+    print(f"    Q: {question}  A: {answer!r}  (served by {served})")
+
+    summary = {
+        "dataset version": dataset_version, "dataset counts": counts,
+        "best trial params": best_params,
+        "exact match base": f"{scores['base']:.3f}", "exact match fine-tuned": f"{scores['fine-tuned']:.3f}",
+        "model version": f"models:/{cfg.model_name}/{version} (@champion)",
+        "rollout time": f"{rollout_s:.0f}s", "chat answer": f"{answer!r} from {served}",
+        "total time": f"{time.time() - t0:.0f}s",
+    }
+    print_summary(summary, scfg)
+    return summary
+
+
+def scfg_serve_url(scfg: stack.StackConfig) -> str:
+    return stack.env_vars(scfg)["RAYLINE_SERVE_URL"]
+
+
+def print_summary(summary: dict, scfg: stack.StackConfig) -> None:
     print("\n== rayline demo summary ==")
     for k, v in summary.items():
-        print(f"  {k:18} {v}")
+        print(f"  {k:24} {v}")
     for name, url in stack.urls(scfg).items():
-        print(f"  {name:18} {url}")
-    return summary
+        print(f"  {name:24} {url}")
+    print("\nPromote another version: MLflow UI -> Models -> rayline-tiny -> a version -> Aliases -> add `champion`;\n"
+          "then `python -m pipelines.rollout --config configs/rollout/tiny.yaml` (or `... watch=true` to follow the alias).")
 
 
 def cli(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--state-dir", default=".rayline")
     args = p.parse_args(argv)
-    main(DemoConfig(state_dir=args.state_dir, work_dir=f"{args.state_dir}/demo"))
+    try:
+        main(DemoConfig(state_dir=args.state_dir, work_dir=f"{args.state_dir}/demo"))
+    except StageFailed as e:
+        print(f"\ndemo stopped: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -15,6 +15,7 @@ import logging
 import sys
 
 from pipelines.config import ConfigError, load_config
+from serve.deploy_target import DeployError
 from serve.rollout import DEPLOYED, SKIPPED, UNCHANGED, RolloutResult, main
 from serve.rollout_config import Config
 
@@ -39,7 +40,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
 
 def cli(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    result = main(parse_args(argv))
+    cfg = parse_args(argv)
+    try:
+        result = main(cfg)
+    except (DeployError, LookupError, ConfigError, ValueError) as e:
+        print(f"rollout failed: {e}", file=sys.stderr)
+        return 1
     results = result if isinstance(result, list) else [result]
     for r in results:
         print(r.line())

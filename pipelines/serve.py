@@ -21,7 +21,7 @@ import yaml
 
 from pipelines.config import ConfigError, load_config
 from serve import rollout_record as rec
-from serve.app import render_serve_config, resolve_served_model
+from serve.app import render_serve_config, resolve_served_model, served_model_of
 from serve.deploy_target import DeployError, LocalServe
 from serve.serve_config import Config
 from serve.verify import wait_until_answering, wait_until_healthy
@@ -41,6 +41,7 @@ def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> Serv
     start = time.time()
     served = resolve_served_model(cfg.engine.model, cfg.model_cache_dir or None)
     target = LocalServe(cfg.app_name, dashboard_url)
+    before = served_model_of(target.current() or {})
     target.apply(render_serve_config(cfg, served))
     healthy = wait_until_healthy(target.state, served, timeout_s, fail_fast=False, applied_at=start)
     if not healthy.ok:
@@ -49,7 +50,8 @@ def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> Serv
     if not answer.ok:
         raise DeployError(f"{target.describe()}: {answer.reason}")
     if served.name and served.version:
-        rec.record_deployed(served.name, served.version, None, f"pipelines.serve ({rec.default_trigger()})", None)
+        previous = before.version if before and before.name == served.name else None
+        rec.record_deployed(served.name, served.version, previous, f"pipelines.serve ({rec.default_trigger()})", None)
     return ServeResult(url=cfg.base_url(), model=served.label, seconds=time.time() - start)
 
 

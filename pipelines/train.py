@@ -2,12 +2,15 @@
 
 Loads the YAML into `train.config.TrainConfig`, joins the Ray cluster, checks the config against the
 dataset, model and cluster (failing before any worker starts, naming the field), then runs or resumes
-the FSDP2 job with `train.trainer.main` and prints where the checkpoints, export and model version are.
+the FSDP2 job with `train.trainer.main` and prints where the checkpoints, export and model version are,
+ending with `result: {...}` (the TrainResult as JSON). Exit status 2 on a config error, 1 if training fails.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from dataclasses import asdict
 
 from pipelines.config import ConfigError, parse_stage_args
 from train.config import TrainConfig
@@ -29,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"export     {result.export_uri}")
     if result.model_version:
         print(f"model      models:/{result.model_name}/{result.model_version}")
+    print("result: " + json.dumps(asdict(result)))  # one line for scripts (the demo, tests)
     return 0
 
 

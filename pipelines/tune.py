@@ -2,12 +2,15 @@
 
 Loads `train.tune_config.TuneConfig` (which loads and checks the train config it starts from), sizes
 max_concurrent_trials from the cluster (refusing a search that cannot fit, with the arithmetic), runs
-the ASHA search with `train.tune.main` and prints each trial and the registered best.
+the ASHA search with `train.tune.main` and prints each trial and the registered best, ending with
+`result: {...}` (the TuneResult as JSON). Exit status 2 on a config error or a search that cannot fit.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from dataclasses import asdict
 
 from pipelines.config import ConfigError, parse_stage_args
 from train.tune import main as tune
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"best     {result.best.trial_id} {cfg.metric} {result.best.metric:.4f}")
     if result.model_version:
         print(f"model    models:/{result.model_name}/{result.model_version}")
+    print("result: " + json.dumps(asdict(result)))  # one line for scripts (the demo, tests)
     return 0
 
 

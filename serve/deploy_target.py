@@ -129,12 +129,13 @@ class LocalServe:
     def restore(self, app_config: dict | None, http_options: dict | None = None) -> None:
         """Put back a previously captured app config (None: remove the app)."""
         details = self._details()
+        if app_config is None and self.app_name not in details.get("applications", {}):
+            return  # nothing to remove; and a PUT would start Serve with default (all-interfaces) HTTP options
         others = [a for a in self._declarative_apps(details) if a.get("name") != self.app_name]
         apps = others + ([app_config] if app_config else [])
-        body = {"applications": apps}
-        if http_options:
-            body["http_options"] = http_options
-        self._call("PUT", body)
+        # Serve keeps the HTTP options it started with; send those rather than the schema's 0.0.0.0 default.
+        options = http_options or details.get("http_options") or {}
+        self._call("PUT", {"http_options": options, "applications": apps})
 
     def delete(self) -> None:
         """Remove this app only (Serve and other apps keep running)."""

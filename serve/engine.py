@@ -8,6 +8,7 @@ On CPU the engine asks for no GPU, takes a fractional `cpus_per_engine`, and get
 What the callers use:
     cfg = EngineConfig(model="models:/rayline-tiny@champion", max_model_len=512, ...)
     path, info = resolve_model(cfg.model)          # local HF checkpoint dir + which version it is
+    check_max_model_len(cfg, path)                 # refuse a context longer than the checkpoint's
     vllm_engine_kwargs(cfg)                        # `engine_kwargs` (the model goes in separately)
     placement_group_config(cfg)                    # `placement_group_config` (bundles + strategy)
     runtime_env(cfg)                               # `runtime_env` for the engine actors / replicas
@@ -21,6 +22,7 @@ and `info.label` ("name/3") is the served model version to report. Plain vLLM:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -171,6 +173,18 @@ def runtime_env(cfg: EngineConfig) -> dict[str, Any]:
         env["TOKENIZERS_PARALLELISM"] = "false"
     env.update({k: str(v) for k, v in cfg.env_vars.items()})
     return {"env_vars": env} if env else {}
+
+
+def check_max_model_len(cfg: EngineConfig, model_path: str) -> None:
+    """Fail before any engine starts when `max_model_len` exceeds the checkpoint's context (vLLM would refuse
+    it inside an engine actor, where the error is harder to find)."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    limit = config.get("max_position_embeddings")
+    if limit and cfg.max_model_len > limit and "hf_overrides" not in cfg.engine_kwargs:
+        raise ValueError(
+            f"engine.max_model_len: {cfg.max_model_len} is more than the model's context "
+            f"({limit} max_position_embeddings in {model_path}/config.json); lower it"
+        )
 
 
 @dataclass(frozen=True)

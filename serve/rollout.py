@@ -157,14 +157,14 @@ class Rollout:
         """Put the previous app config back and wait until it answers again; returns what happened."""
         t = time.time()
         try:
-            if previous_app:
-                self.target.restore(previous_app, http_options)
-            else:
+            if previous_app is None:
                 self.target.delete()
+                return "nothing was served before; the failed app was removed"
+            self.target.restore(previous_app, http_options)
         except DeployError as e:
             return f"ROLLBACK FAILED: {e}"
         if previous is None:
-            return "nothing was served before; the app was removed"
+            return "the previous app config is back (it pins no version, so no smoke check)"
         healthy = wait_until_healthy(self.target.state, previous, self.cfg.deploy_timeout_s, fail_fast=False, applied_at=t)
         answer = healthy.ok and wait_until_answering(self.base_url, self.serve_cfg.served_model_id, previous.label,
                                                      self.cfg.smoke_prompt, self.cfg.smoke_timeout_s)

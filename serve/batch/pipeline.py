@@ -87,7 +87,9 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
     remote_args = {"num_cpus": cfg.cpu_stage_num_cpus}
     if fmt == "jsonl":
         # Lines, not pyarrow's JSON reader: one malformed line becomes one refused row, not a failed read.
-        ds = ray.data.read_text(path, filesystem=fs, file_extensions=list(JSONL_EXTENSIONS), ray_remote_args=remote_args)
+        # With `input_format: jsonl` said outright, any file name goes; `auto` only picks JSONL extensions.
+        exts = None if cfg.input_format == "jsonl" else list(JSONL_EXTENSIONS)
+        ds = ray.data.read_text(path, filesystem=fs, file_extensions=exts, ray_remote_args=remote_args)
     else:
         ds = ray.data.read_parquet(path, filesystem=fs, ray_remote_args=remote_args)
     return ds.limit(cfg.limit) if cfg.limit else ds
@@ -157,6 +159,7 @@ def main(cfg: Config) -> Result:
     """Run the stage end to end; print and return the summary."""
     started = time.perf_counter()
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
+    eng.check_max_model_len(cfg.engine, model_path)
     prepare_output(cfg)
     init_ray()
     run_pipeline(cfg, model_path, info)

@@ -3,7 +3,14 @@
 import pytest
 
 from data.config import Config
-from data.manifest import RejectFractionError, add_up, build_manifest, check_reject_fraction, dataset_version, summary_table
+from data.manifest import (
+    RejectFractionError,
+    add_up,
+    build_manifest,
+    check_reject_fraction,
+    dataset_version,
+    summary_table,
+)
 from pipelines.config import from_dict
 
 TOKENIZER = {"name_or_path": "tok", "hash": "ab" * 32, "vocab_size": 512, "eos_token_id": 2, "pad_token_id": 0,

@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from data.packing import IGNORE, best_fit_decreasing, pack_sequences, pad_sequences, split_long
+from data.packing import (
+    IGNORE,
+    best_fit_decreasing,
+    pack_sequences,
+    pad_sequences,
+    split_long,
+)
 
 PAD = 0
 

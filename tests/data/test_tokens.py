@@ -5,8 +5,15 @@ import pytest
 
 from data.examples import TemplateSpec, render
 from data.records import Reject
-from data.tokens import (IGNORE, check_template, encode_with_labels, load_backend, load_tokenizer, read_tokenizer_files,
-                         tokenizer_identity)
+from data.tokens import (
+    IGNORE,
+    check_template,
+    encode_with_labels,
+    load_backend,
+    load_tokenizer,
+    read_tokenizer_files,
+    tokenizer_identity,
+)
 from pipelines.sample_corpus import make_records
 
 

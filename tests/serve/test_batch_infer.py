@@ -111,6 +111,24 @@ def test_finish_reason_and_metrics():
     assert scores == {"scored_rows": 3.0, "exact_match": 1 / 3, "exact_match.p": 1.0, "exact_match.s": 0.0}
 
 
+def test_validator_turns_rows_into_requests_or_reasons(tiny_model_dir):
+    v = rows.PromptValidator(str(tiny_model_dir), 64, {"max_tokens": 8, "temperature": 0.0}, jsonl=True)
+    ok = v.request({"text": json.dumps({"id": "a", "messages": [{"role": "user", "content": "What is 1 + 1?"},
+                                                                 {"role": "assistant", "content": "2"}],
+                                        "sampling_params": {"max_tokens": 3}})})
+    assert ok[rows.ERROR_COLUMN] == "" and ok["reference"] == "2" and ok["sampling_params"]["max_tokens"] == 3
+    assert ok["prompt"].endswith("assistant\n") and ok["prompt_tokens"] == len(ok["tokenized_prompt"]) > 0
+    long = v.request({"text": json.dumps({"id": "b", "prompt": "apple " * 100})})
+    assert long[rows.ERROR_COLUMN].startswith("prompt_too_long: ") and long["tokenized_prompt"] == []
+    assert v.request({"text": "[1, 2]"})[rows.ERROR_COLUMN].startswith("invalid_record: expected a JSON object")
+    assert v.request({"text": json.dumps({"id": "c", "prompt": " "})})[rows.ERROR_COLUMN].startswith("missing_prompt")
+
+
+def test_max_model_len_beyond_the_checkpoint_is_refused_before_any_engine(tiny_model_dir):
+    with pytest.raises(ValueError, match="engine.max_model_len: 4096 is more than the model's context"):
+        eng.check_max_model_len(from_dict(eng.EngineConfig, {"model": "m", "max_model_len": 4096}), str(tiny_model_dir))
+
+
 # ---- one real run: Ray + vLLM on CPU + MLflow ----
 # The timeout is generous because on a loaded 2-core machine the vLLM engine alone can take minutes to
 # start; a placement deadlock would hang forever, so finishing inside it is the no-deadlock check.

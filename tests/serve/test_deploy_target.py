@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from serve.app import ServedModel, render_serve_config
-from serve.deploy_target import AppState, DeployError, KubeRayService, dashboard_url, merge_application
-from serve.serve_config import Config
 from pipelines.config import load_config
+from serve.app import ServedModel, render_serve_config
+from serve.deploy_target import AppState, DeployError, KubeRayService, LocalServe, dashboard_url, merge_application
+from serve.serve_config import Config
 
 MODEL = ServedModel(source="s3://models/rayline-small/v7", ref="models:/rayline-small/7", name="rayline-small", version="7")
 
@@ -116,3 +116,67 @@ def test_dashboard_url_comes_from_ray_address(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a GCS address is not the dashboard
     assert dashboard_url() == "http://127.0.0.1:8265"
     assert dashboard_url("http://h:1/") == "http://h:1"
+
+
+class FakeDashboard:
+    """The dashboard's /api/serve/applications/ (GET details, PUT config), recording what it was sent."""
+
+    def __init__(self, details: dict):
+        import http.server
+        import json
+        import threading
+
+        self.details, self.puts, self.auth = details, [], []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _reply(self, body: dict):
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802
+                fake.auth.append(self.headers.get("Authorization"))
+                self._reply(fake.details)
+
+            def do_PUT(self):  # noqa: N802
+                fake.auth.append(self.headers.get("Authorization"))
+                fake.puts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self._reply({})
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture()
+def dashboard():
+    running = {"name": "other", "route_prefix": "/other", "import_path": "o:app", "args": {}}
+    d = FakeDashboard({"http_options": {"host": "127.0.0.1", "port": 8010}, "applications": {
+        "other": {"status": "RUNNING", "deployed_app_config": running, "deployments": {}},
+        "imperative": {"status": "RUNNING", "deployed_app_config": None, "deployments": {}},
+    }})
+    yield d
+    d.server.shutdown()
+
+
+def test_local_deploy_sends_the_token_and_keeps_other_apps(dashboard, gpu_cfg):
+    target = LocalServe("rayline", dashboard.url, token="tok")
+    target.apply(render_serve_config(gpu_cfg, MODEL))
+    (body,) = dashboard.puts
+    assert [a["name"] for a in body["applications"]] == ["other", "rayline"]
+    assert set(dashboard.auth) == {"Bearer tok"}
+    assert target.state().status == "NOT_STARTED"  # the fake does not run it
+
+
+def test_local_delete_of_an_absent_app_sends_nothing(dashboard):
+    LocalServe("rayline", dashboard.url, token="tok").delete()
+    assert dashboard.puts == []
+    LocalServe("other", dashboard.url, token="tok").delete()
+    (body,) = dashboard.puts
+    assert body == {"http_options": {"host": "127.0.0.1", "port": 8010}, "applications": []}

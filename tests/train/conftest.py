@@ -1,13 +1,15 @@
 """Fixtures of the train tests: the sample corpus prepared by the real data stage, and train configs over it.
 
-The integration tests drive `train.trainer.main` / `train.tune.main` in this process against the test
-stack (Ray head with 2 CPUs, MLflow, Swift S3). The prepared dataset comes from
-`python -m pipelines.prepare_data`, run once per session in a subprocess so this process joins Ray
-the way the train stage does (with RAY_ADDRESS pinned for the job).
+The integration tests run the real entry points, `python -m pipelines.train` / `pipelines.tune`, in
+subprocesses against the test stack (Ray head with 2 CPUs, MLflow, Swift S3), as a user or a RayJob
+would; each prints its result as one JSON line. The prepared dataset comes from
+`python -m pipelines.prepare_data`, run once per session.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import uuid
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import load_config
+from pipelines.config import dump_yaml, load_config
 from train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,16 +45,31 @@ def prepared_manifest(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path_f
     return manifest[-1].strip()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fresh_ray_driver():
-    """Leave no Ray connection from other modules behind: the train stage joins with its own job settings."""
-    import ray
+class StageRun:
+    """One `python -m pipelines.<stage>` process: exit status, output, and its `result: {...}` line parsed."""
 
-    if ray.is_initialized():
-        ray.shutdown()
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.returncode, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("result: ")]
+        self.result = json.loads(lines[-1][len("result: "):]) if lines else None
+
+    def __str__(self) -> str:
+        return f"exit {self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="session")
+def run_stage(local_stack, tmp_path_factory):
+    """Run `python -m pipelines.<stage> --config <cfg written as YAML>` with extra env; returns a StageRun."""
+    configs = tmp_path_factory.mktemp("configs")
+
+    def run(stage: str, cfg, env: dict[str, str] | None = None, timeout: int = 1500) -> StageRun:
+        path = configs / f"{stage}-{uuid.uuid4().hex[:8]}.yaml"
+        path.write_text(dump_yaml(cfg))
+        proc = subprocess.run([sys.executable, "-m", f"pipelines.{stage}", "--config", str(path)], cwd=ROOT,
+                              env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+        return StageRun(proc)
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,18 @@ import pytest
 
 from pipelines import registry, storage
 from pipelines.config import ConfigError
-from train.trainer import main
+from train.preflight import plan_run
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_plan_of_the_test_config(make_train_config):
+    plan = plan_run(make_train_config(), {"CPU": 2.0})
+    # 128 train rows: 64 per worker, micro-batch 8 -> 8 steps per epoch; max_steps 12.
+    assert (plan.train_rows, plan.steps_per_epoch, plan.total_steps) == (128, 8, 12)
+    assert plan.resources_per_worker == {"CPU": 0.5}
+    assert plan.loop.checkpoint_every_steps == 3 and plan.loop.eval_every_steps == 4
+    assert plan.export_uri.endswith("/export") and Path(plan.model_uri).is_absolute()
 
 
 @pytest.mark.parametrize("override, message", [
@@ -22,20 +31,30 @@ ROOT = Path(__file__).resolve().parents[2]
     ("data.manifest_uri=/nonexistent/prepared", r"data\.manifest_uri: .*no manifest"),
     ("model.path=/nonexistent/model", r"model\.path: /nonexistent/model: no Hugging Face model there"),
     ("model.path=models:/rayline-no-such-model@champion", r"model\.path: models:/rayline-no-such-model@champion: not found"),
-    ("scaling.resources_per_worker.CPU=1000", r"scaling\.resources_per_worker: \{'CPU': 1000.0\} per worker does not "
-                                              r"fit.*1 run\(s\) x \(2 workers x 1000 CPU\) = 2000 CPU needed"),
-    ("scaling.data_cpus=1000", r"scaling\.data_cpus: the cluster has \d+ CPU and data_cpus keeps 1000"),
+    ("scaling.resources_per_worker.CPU=40", r"scaling\.resources_per_worker: \{'CPU': 40.0\} per worker does not fit on "
+                                            r"this cluster: 1 run\(s\) x \(2 workers x 40 CPU\) = 80 CPU needed; cluster "
+                                            r"has 64 CPU - 1 kept for Ray Data ingest"),
+    ("scaling.data_cpus=64", r"scaling\.data_cpus: the cluster has 64 CPU and data_cpus keeps 64 for Ray Data, leaving none"),
+    ("scaling.num_workers=30 train.micro_batch_size=1",
+     r"data\.manifest_uri: the eval split of .* has 22 rows, fewer than scaling\.num_workers 30"),
 ])
-def test_bad_config_fails_before_workers_start(make_train_config, override, message):
-    cfg = make_train_config(override)
+def test_bad_config_is_named(make_train_config, override, message):
     with pytest.raises(ConfigError, match=message):
-        main(cfg)
+        plan_run(make_train_config(*override.split()), {"CPU": 64.0})
+
+
+def test_cli_fails_before_any_worker_starts(make_train_config, run_stage):
+    cfg = make_train_config("train.micro_batch_size=100")
+    run = run_stage("train", cfg)
+    assert run.returncode == 2, str(run)
+    assert "config error: train.micro_batch_size: one step takes micro_batch_size 100" in run.stderr
     # Ray Train creates the run directory when its controller starts; MLflow gets a run only after the checks.
     assert not storage.exists(storage.join(cfg.checkpoint.storage_path, cfg.run_name))
     assert registry.find_run(cfg.mlflow.experiment, cfg.run_name) is None
+    assert "TrainController" not in run.stdout + run.stderr
 
 
-def test_cli_names_an_unknown_field_and_exits(local_stack):
+def test_cli_names_an_unknown_field(local_stack):
     proc = subprocess.run([sys.executable, "-m", "pipelines.train", "--config", str(ROOT / "configs/train/tiny.yaml"),
                            "optim.lrr=0.1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0

@@ -1,6 +1,6 @@
 """The train stage end to end on the test stack: 2 FSDP2 workers on CPU, S3 checkpoints, export, MLflow, resume.
 
-One reference run (S3) is shared by the module. The fault and re-submission runs use the same seed and
+Every run is `python -m pipelines.train` in a subprocess. One reference run (S3) is shared by the module. The fault and re-submission runs use the same seed and
 must reproduce its loss curve step for step after resuming, which checks the restored step, data
 position, optimizer, scheduler and RNG together, not just that the job finished.
 """
@@ -19,32 +19,35 @@ from pipelines import registry, storage
 from pipelines.config import config_hash
 from train.checkpoint import read_trainer_state
 from train.packed_batch import forward_loss_sum, loss_tokens
-from train.trainer import main
 
 TOTAL_STEPS = 12
 CHECKPOINT_FILES = {".metadata", "__0_0.distcp", "__1_0.distcp", "trainer_state.json", "rng_rank0.pt", "rng_rank1.pt"}
 
 
+class Result:
+    """The TrainResult JSON of a run, as attributes."""
+
+    def __init__(self, data: dict):
+        self.__dict__.update(data)
+
+
 @pytest.fixture(scope="module")
-def reference(make_train_config, s3_bucket):
+def reference(make_train_config, run_stage, s3_bucket):
     """The reference run: checkpoints and export in S3."""
     cfg = make_train_config(storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
-    return cfg, main(cfg)
+    run = run_stage("train", cfg)
+    assert run.returncode == 0 and run.result, str(run)
+    return cfg, Result(run.result)
 
 
 @pytest.fixture(scope="module")
-def faulted(make_train_config, tmp_path_factory):
+def faulted(make_train_config, run_stage, tmp_path_factory):
     """Same seed, local storage; the last worker is killed right after step 8 (checkpoints every 3 steps)."""
     marker = tmp_path_factory.mktemp("fault") / "fired"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("RAYLINE_FAULT_AT_STEP", "8")
-    mp.setenv("RAYLINE_FAULT_MARKER", str(marker))
-    try:
-        cfg = make_train_config()
-        result = main(cfg)
-    finally:
-        mp.undo()
-    return cfg, result, marker
+    cfg = make_train_config()
+    run = run_stage("train", cfg, env={"RAYLINE_FAULT_AT_STEP": "8", "RAYLINE_FAULT_MARKER": str(marker)})
+    assert run.returncode == 0 and run.result, str(run)
+    return cfg, Result(run.result), marker
 
 
 def test_fsdp_run_lowers_eval_loss_and_keeps_sharded_checkpoints_in_s3(reference, history):
@@ -145,23 +148,21 @@ def test_same_seed_gives_the_same_loss_curve(reference, faulted, history):
     assert history.curve(run_id, "eval_loss") == history.curve(reference[1].mlflow_run_id, "eval_loss")
 
 
-def test_resubmitted_run_name_continues_from_its_checkpoint(make_train_config, reference, history, tmp_path,
-                                                            monkeypatch):
+def test_resubmitted_run_name_continues_from_its_checkpoint(make_train_config, run_stage, reference, history,
+                                                            tmp_path):
     cfg = make_train_config("checkpoint.max_failures=0")
-    monkeypatch.setenv("RAYLINE_FAULT_AT_STEP", "5")
-    monkeypatch.setenv("RAYLINE_FAULT_MARKER", str(tmp_path / "fired"))
-    with pytest.raises(Exception, match="(?i)worker|training failed"):
-        main(cfg)  # no retries allowed: the job fails after its checkpoint at step 3
-    first_run = registry.find_run(cfg.mlflow.experiment, cfg.run_name)
-    assert registry.client().get_run(first_run).info.status == "FAILED"
+    first = run_stage("train", cfg, env={"RAYLINE_FAULT_AT_STEP": "5", "RAYLINE_FAULT_MARKER": str(tmp_path / "f")})
+    assert first.returncode == 1 and first.result is None, str(first)  # no retries: the job fails after step 5
+    run_id = registry.find_run(cfg.mlflow.experiment, cfg.run_name)
+    assert registry.client().get_run(run_id).info.status == "FAILED"
     run_uri = storage.join(cfg.checkpoint.storage_path, cfg.run_name)
     assert read_trainer_state(storage.join(run_uri, "checkpoint_step000003")).step == 3
 
-    monkeypatch.delenv("RAYLINE_FAULT_AT_STEP")
-    result = main(cfg)  # the same submission again
-    assert result.mlflow_run_id == first_run and result.final_step == TOTAL_STEPS
-    assert history.values(first_run, "resume/step") == [(3, 3.0)]
-    assert history.values(first_run, "resume/adam_step") == [(3, 3.0)]
-    ref = history.curve(reference[1].mlflow_run_id)
-    assert history.curve(first_run) == ref
-    assert registry.client().get_run(first_run).info.status == "FINISHED"
+    again = run_stage("train", cfg)  # the same submission again
+    assert again.returncode == 0, str(again)
+    result = Result(again.result)
+    assert result.mlflow_run_id == run_id and result.final_step == TOTAL_STEPS
+    assert history.values(run_id, "resume/step") == [(3, 3.0)]
+    assert history.values(run_id, "resume/adam_step") == [(3, 3.0)]
+    assert history.curve(run_id) == history.curve(reference[1].mlflow_run_id)
+    assert registry.client().get_run(run_id).info.status == "FINISHED"
