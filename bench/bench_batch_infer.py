@@ -5,7 +5,7 @@
 The `small` tiny-model kit checkpoint answers 512 chat prompts whose output lengths are mixed (16 to 256
 tokens, exact: per-request max_tokens with ignore_eos). Output tokens per second of:
   (a) Hugging Face `generate` with static batches (left-padded; best of batch 32 and 64; a batch runs until
-      its longest request, and only each request's own tokens count),
+      its longest request, and only each request's own tokens count; the first --hf-prompts prompts),
   (b) plain vLLM `LLM.generate` in one process (steady state: the generate call; end to end: vLLM import,
       engine start-up and the generate call),
   (c) rayline's stage (`serve.batch.pipeline.main` on its own local Ray): steady state over the engine's busy
@@ -64,12 +64,14 @@ def chat_prompts(model: str, prompts: str) -> tuple[list[str], list[int]]:
     return texts, [r["sampling_params"]["max_tokens"] for r in rows]
 
 
-def part_hf(w: dict) -> dict:
-    """(a) static batches: left-pad, generate until the batch's longest request, count each request's own tokens."""
+def part_hf(w: dict, n: int) -> dict:
+    """(a) static batches: left-pad, generate until the batch's longest request, count each request's own tokens.
+    Runs the first n prompts only (it is the slow baseline; tokens/s over a sample of the same mix)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     texts, lengths = chat_prompts(w["model"], w["prompts"])
+    texts, lengths = texts[:n], lengths[:n]
     tok = AutoTokenizer.from_pretrained(w["model"], padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(w["model"], dtype=getattr(torch, ENGINE["dtype"])).eval()
     out = {}
@@ -82,7 +84,8 @@ def part_hf(w: dict) -> dict:
                 model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
                                pad_token_id=tok.pad_token_id)
         out[f"batch_{batch}"] = sum(lengths) / (time.perf_counter() - started)
-    out["tokens_per_s"] = max(out.values())
+    out["prompts"] = len(texts)
+    out["tokens_per_s"] = max(out["batch_32"], out["batch_64"])
     return out
 
 
@@ -92,11 +95,12 @@ def part_vllm(w: dict) -> dict:
     from serve import engine as eng
 
     texts, lengths = chat_prompts(w["model"], w["prompts"])
+    cfg = from_dict(eng.EngineConfig, {"model": w["model"], **ENGINE})
+    # The same engine environment as rayline's engine actor, set before torch/vLLM load (OpenMP reads it then).
+    os.environ.update(eng.runtime_env(cfg).get("env_vars", {}))
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams  # imported in the clock: rayline's engine actor pays this import too
 
-    cfg = from_dict(eng.EngineConfig, {"model": w["model"], **ENGINE})
-    os.environ.update(eng.runtime_env(cfg).get("env_vars", {}))
     llm = LLM(model=w["model"], **eng.vllm_engine_kwargs(cfg))
     startup = time.perf_counter() - t0
     params = [SamplingParams(max_tokens=k, ignore_eos=True, temperature=0.0) for k in lengths]
@@ -138,7 +142,8 @@ def part_rayline(w: dict, work: Path) -> dict:
 
 def run_part(part: str, args) -> dict:
     """Each part in its own process, so no engine, thread pool or allocator state leaks into the next."""
-    cmd = [sys.executable, __file__, "--part", part, "--prompts", str(args.prompts), "--work", str(args.work)]
+    cmd = [sys.executable, __file__, "--part", part, "--prompts", str(args.prompts), "--work", str(args.work),
+           "--hf-prompts", str(args.hf_prompts)]
     print(f"--- {part} ...", flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -153,12 +158,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=512)
     p.add_argument("--work", type=Path, default=Path("/tmp/rayline-bench"))
+    p.add_argument("--hf-prompts", type=int, default=128, help="prompts (a) runs: at ~50 tok/s all 512 take an hour")
     p.add_argument("--part", choices=["hf", "vllm", "rayline"], help=argparse.SUPPRESS)
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     w = workload(args.work, args.prompts)
     if args.part:
-        result = {"hf": part_hf, "vllm": part_vllm}.get(args.part, lambda w: part_rayline(w, args.work))(w)
+        parts = {"hf": lambda: part_hf(w, args.hf_prompts), "vllm": lambda: part_vllm(w),
+                 "rayline": lambda: part_rayline(w, args.work)}
+        result = parts[args.part]()
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -166,7 +174,7 @@ def main() -> None:
     print(f"\nworkload: {args.prompts} prompts, {sum(w['lengths']):,} output tokens (16-256 each), small model, "
           f"dtype {ENGINE['dtype']}, {os.cpu_count()} CPUs")
     print(f"(a) hf generate, static batches:  {hf['tokens_per_s']:8.1f} tok/s "
-          f"(batch 32: {hf['batch_32']:.1f}, batch 64: {hf['batch_64']:.1f})")
+          f"(batch 32: {hf['batch_32']:.1f}, batch 64: {hf['batch_64']:.1f}; first {int(hf['prompts'])} prompts)")
     print(f"(b) vllm LLM.generate:            {vllm['tokens_per_s']:8.1f} tok/s steady state, "
           f"{vllm['e2e_tokens_per_s']:.1f} tok/s end to end (import + engine start {vllm['startup_s']:.1f} s)")
     print(f"(c) rayline batch stage:          {rl['tokens_per_s']:8.1f} tok/s steady state, "

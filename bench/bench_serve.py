@@ -1,6 +1,6 @@
 """Serving: rayline's Ray Serve LLM app vs vLLM's own OpenAI server, same `small` model, same engine, same load.
 
-    eval "$(python -m pipelines.stack env)"      # the local stack (Ray head + MLflow) must be up
+    python -m pipelines.stack up                 # the local stack (Ray head + MLflow), or export another stack's env
     python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--skip-rollout]
 
 Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
@@ -218,6 +218,18 @@ def bench_rollout(work: Path) -> float:
         rollout.target.delete()
 
 
+def use_local_stack() -> None:
+    """Point this process at the local stack (.rayline/) unless a stack's env is already exported."""
+    if os.environ.get("RAY_ADDRESS", "").startswith("http"):
+        return
+    from pipelines import stack
+
+    cfg = stack.load_stack_config(None, [])
+    if not (stack.part_healthy(cfg, "ray") and stack.part_healthy(cfg, "mlflow")):
+        raise SystemExit("the local stack is not up: `python -m pipelines.stack up` (or export another stack's env)")
+    os.environ.update(stack.env_vars(cfg))
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=256)
@@ -229,8 +241,10 @@ def main(argv: list[str] | None = None) -> dict:
                    help="where the models and the vLLM server log go")
     p.add_argument("--skip-rollout", action="store_true")
     args = p.parse_args(argv)
-    if not os.environ.get("RAY_ADDRESS", "").startswith("http"):
-        raise SystemExit('the local stack env is not set: eval "$(python -m pipelines.stack env)" first')
+    # Stopped by a signal, still run the `finally`s: the vLLM server and the Serve app go away with us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    use_local_stack()
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     model_dir = work / "small"

@@ -38,7 +38,7 @@ class Config:
     seed: int = 0
     """Seeds the shuffle order and the train/eval split."""
     num_shards: int = 8
-    """Hash buckets of examples; each becomes one Parquet file per split, written by one task."""
+    """Hash partitions of the examples by content; each becomes one Parquet file per split, built by one task."""
     max_reject_fraction: float = 0.05
     """The run fails at the end (rejects still written, no manifest) when more records than this are rejected."""
     min_chars: int = 1

@@ -2,14 +2,14 @@
 
 This is the streaming half of the stage (it runs fused with the read tasks). Each output row is either
 an example (reason == "") with its rendered `text` and the character `spans` the loss is computed on,
-or a reject (reason set) that keeps its source, line and raw text. Both carry a `bucket`: examples by
-their content hash, so exact duplicates meet in the same bucket whichever files they came from.
+or a reject (reason set) that keeps its source, line and raw text. `key0` is what the shuffle hashes:
+for examples the content hash, so exact duplicates meet in the same shard whichever files they came
+from; for rejects a hash of source and line, which spreads them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import zlib
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -19,7 +19,6 @@ from data.records import Messages, RecordRules, Reject, content_bytes, parse_rec
 TRAIN, EVAL = 0, 1
 
 EXAMPLE_SCHEMA = pa.schema([
-    ("bucket", pa.int32()),
     ("key0", pa.uint64()),  # 128-bit hash of normalised content, in two halves: exact-dedup key
     ("key1", pa.uint64()),
     ("order", pa.uint64()),  # seeded hash of the key: the deterministic shuffle order
@@ -50,7 +49,6 @@ class ExamplePlan:
 
     rules: RecordRules
     template: TemplateSpec
-    num_shards: int
     seed: int
     eval_fraction: float
     seq_len: int
@@ -107,8 +105,8 @@ def to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
             content = result
             result = render(content, plan.template)
         if isinstance(result, Reject):
-            bucket = zlib.crc32(f"{source}:{line}".encode()) % plan.num_shards
-            values = (bucket, None, None, None, split, source, line, result.reason, result.detail,
+            where = hashlib.blake2b(f"{source}:{line}".encode(), digest_size=8).digest()
+            values = (int.from_bytes(where, "little"), None, None, split, source, line, result.reason, result.detail,
                       _raw_text(raw), None, None)
         else:
             text, spans = result
@@ -119,7 +117,7 @@ def to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
             # keep the raw record for those alone, so the shuffle does not carry every record twice.
             n_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))
             keep_raw = isinstance(content, list) and n_bytes + 8 >= carry_raw_from
-            values = (key0 % plan.num_shards, key0, key1, order, split, source, line, "", "",
+            values = (key0, key1, order, split, source, line, "", "",
                       _raw_text(raw) if keep_raw else None, text, spans)
         for name, value in zip(EXAMPLE_SCHEMA.names, values):
             cols[name].append(value)

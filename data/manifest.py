@@ -31,17 +31,17 @@ def dataset_version(source_hashes: dict[str, str], tokenizer: dict, config_hash:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def add_up(bucket_stats: list[dict]) -> dict:
-    """Sum the per-bucket counts of `data.shards.build_shard` into run totals."""
-    seen = Counter(s["bucket"] for s in bucket_stats)
+def add_up(shard_stats: list[dict]) -> dict:
+    """Sum the per-shard counts of `data.shards.build_shard` into run totals."""
+    seen = Counter(s["shard"] for s in shard_stats)
     twice = sorted(b for b, n in seen.items() if n > 1)
     if twice:
-        # A bucket built twice would have overwritten its own files with part of its rows.
-        raise RuntimeError(f"buckets {twice[:5]} were built by more than one task; the shuffle split a group")
+        # Two tasks naming the same shard would have overwritten each other's files.
+        raise RuntimeError(f"shards {twice[:5]} were built by more than one task; the shuffle split a partition")
     reasons: Counter = Counter()
     splits = {name: Counter() for name in SPLIT_NAMES}
     totals = Counter()
-    for s in bucket_stats:
+    for s in shard_stats:
         reasons.update(s["rejected_by_reason"])
         totals.update({k: s[k] for k in ("read", "deduplicated", "truncated")})
         for name in SPLIT_NAMES:

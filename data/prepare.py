@@ -3,8 +3,8 @@
     python -m pipelines.prepare_data --config configs/data/sample.yaml [key=value ...]
 
 On Ray Data, streaming: read raw lines -> validate, clean, render with the chat template and hash
-(fused with the reads) -> hash-shuffle by content bucket -> per bucket: exact dedup, seeded order,
-tokenize, pack, train/eval shards and rejects -> a small stats row per bucket back to the driver, which
+(fused with the reads) -> hash-shuffle by content hash -> per shard: exact dedup, seeded order,
+tokenize, pack, train/eval files and rejects -> a small stats row per shard back to the driver, which
 writes `manifest.json` last. A version whose manifest exists is returned as it is.
 """
 
@@ -70,24 +70,25 @@ def _template_spec(cfg: Config, tok) -> TemplateSpec:
 
 
 def run_pipeline(cfg: Config, files: list[SourceFile], example_plan: ExamplePlan, shard_plan: ShardPlan) -> list[dict]:
-    """Run the stage on Ray Data; returns the stats of every bucket (see `data.shards.build_shard`).
+    """Run the stage on Ray Data; returns the stats of every shard (see `data.shards.build_shard`).
 
     Two executions, so that each has every CPU. First the reads, validation and rendering (tasks) and the
-    hash shuffle by bucket, whose output stays in the object store: the shuffle is a barrier anyway, so
-    this holds nothing the shuffle would not. Then the tokenizer actors, one bucket partition per call.
+    hash shuffle by content hash, whose output stays in the object store: the shuffle is a barrier anyway,
+    so this holds nothing the shuffle would not. Then the tokenizer actors, one shard (partition) per call.
     Started together, the actor pool would hold CPUs idle while the reads need them, and a pool holding
     every CPU would leave the reads none at all (a deadlock on a 2-CPU machine); started after, nothing
     upstream needs a CPU, so the pool may grow to every CPU.
     """
-    buckets = (
+    shards = (
         ray.data.read_datasource(LinesDatasource(files))
         .map_batches(to_examples, batch_format="pyarrow", batch_size=None, fn_kwargs={"plan": example_plan})
-        .repartition(cfg.num_shards, keys=["bucket"])  # hash shuffle: one block per partition
+        # Hash shuffle on the content hash: duplicates share a partition, and each partition is one block.
+        .repartition(cfg.num_shards, keys=["key0"])
         .materialize()
     )
     actors, _ = _pool_size(cluster_cpus(), cfg.num_shards)
     pool = ray.data.ActorPoolStrategy(min_size=1, max_size=actors, max_tasks_in_flight_per_actor=1)
-    built = buckets.map_batches(ShardBuilder, batch_format="pyarrow", batch_size=None, compute=pool, num_cpus=1,
+    built = shards.map_batches(ShardBuilder, batch_format="pyarrow", batch_size=None, compute=pool, num_cpus=1,
                                 fn_constructor_kwargs={"plan": shard_plan})
     return [json.loads(row["stats"]) for row in built.iter_rows()]
 
@@ -121,7 +122,7 @@ def main(cfg: Config) -> Result:
     if storage.exists(version_uri):
         storage.delete_tree(version_uri)  # a failed or overwritten earlier attempt: start clean
 
-    example_plan = ExamplePlan(RecordRules.from_config(cfg), _template_spec(cfg, tok), cfg.num_shards, cfg.seed,
+    example_plan = ExamplePlan(RecordRules.from_config(cfg), _template_spec(cfg, tok), cfg.seed,
                                0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len)
     _, threads = _pool_size(cluster_cpus(), cfg.num_shards)
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,

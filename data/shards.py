@@ -1,10 +1,11 @@
-"""One hash bucket of examples -> its Parquet shards and rejects file, plus the counts the manifest adds up.
+"""One shard of examples -> its Parquet files and rejects file, plus the counts the manifest adds up.
 
-This is the second half of the stage, run once per bucket after the shuffle that brought every copy of
-an example into the same bucket: exact dedup, the deterministic shuffle order, tokenizing, the too_long
-policy, packing (or padding), and writing
-    <version>/train/part-<bucket>.parquet, <version>/eval/part-<bucket>.parquet, <version>/rejects/part-<bucket>.jsonl
-File names are fixed by the bucket, so a retried task overwrites its own output instead of adding to it.
+A shard is one partition of the hash shuffle on content, so every copy of an example is in the same
+shard. This is the second half of the stage, run once per shard: exact dedup, the deterministic
+shuffle order, tokenizing, the too_long policy, packing (or padding), and writing
+    <version>/train/part-<shard>.parquet, <version>/eval/part-<shard>.parquet, <version>/rejects/part-<shard>.jsonl
+The shard's name is its smallest row key (16 hex digits): fixed by its content, so a retried task
+overwrites its own output instead of adding to it, and a re-run writes the same names.
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def _reject_lines(table: pa.Table, reasons: list[str] | None = None, details: li
 
 
 def build_shard(group: pa.Table, backend, plan: ShardPlan) -> dict:
-    """Dedup, tokenize, pack and write one bucket; return its counts (see `data.manifest.add_up`)."""
-    bucket = int(group["bucket"][0].as_py())
+    """Dedup, tokenize, pack and write one shard; return its counts (see `data.manifest.add_up`)."""
+    shard_key = pc.min(group["key0"]).as_py()
+    shard = f"{shard_key:016x}"
     is_reject = pc.not_equal(group["reason"], "")
     rejects = _reject_lines(group.filter(is_reject))
     examples, deduplicated = dedup_examples(group.filter(pc.invert(is_reject)), plan.dedup)
@@ -130,7 +132,7 @@ def build_shard(group: pa.Table, backend, plan: ShardPlan) -> dict:
         rejects += _reject_lines(dropped, too_long, details)
         examples = examples.filter(pa.array(kept))
     split = examples["split"].to_numpy()
-    stats = {"bucket": bucket, "read": group.num_rows, "rejected_by_reason": dict(Counter(r["reason"] for r in rejects)),
+    stats = {"shard": shard, "read": group.num_rows, "rejected_by_reason": dict(Counter(r["reason"] for r in rejects)),
              "deduplicated": deduplicated, "truncated": int(truncated.sum()), "splits": {}}
     for code, name in SPLITS.items():
         mine = split == code
@@ -138,22 +140,22 @@ def build_shard(group: pa.Table, backend, plan: ShardPlan) -> dict:
         pack = pack_sequences if plan.packing == "pack" else pad_sequences
         packed = pack(ids[token_mine], labels[token_mine], lengths[mine], plan.seq_len, plan.pad_id)
         # Rows come out longest-first from best-fit; a seeded permutation spreads them again.
-        packed = packed.take(np.random.default_rng([plan.seed, bucket, code]).permutation(packed.rows))
+        packed = packed.take(np.random.default_rng([plan.seed % 2**32, shard_key, code]).permutation(packed.rows))
         stats["splits"][name] = {"rows": packed.rows, "examples": int(mine.sum()), "tokens": packed.tokens,
                                  "loss_tokens": packed.loss_tokens}
         if packed.rows:
-            fs, path = storage.resolve(storage.join(plan.version_uri, name, f"part-{bucket:05d}.parquet"))
+            fs, path = storage.resolve(storage.join(plan.version_uri, name, f"part-{shard}.parquet"))
             fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
             pq.write_table(rows_table(packed), path, filesystem=fs)
     if rejects:
         rejects.sort(key=lambda r: (r["source"], r["line"]))
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects)
-        storage.write_text(storage.join(plan.version_uri, "rejects", f"part-{bucket:05d}.jsonl"), text)
+        storage.write_text(storage.join(plan.version_uri, "rejects", f"part-{shard}.jsonl"), text)
     return stats
 
 
 class ShardBuilder:
-    """Ray Data callable class: loads the tokenizer once per actor, builds every bucket it is given."""
+    """Ray Data callable class: loads the tokenizer once per actor, builds every shard it is given."""
 
     def __init__(self, plan: ShardPlan):
         set_thread_count(plan.tokenizer_threads)
@@ -161,9 +163,5 @@ class ShardBuilder:
         self.backend = load_backend(plan.backend_json)
 
     def __call__(self, partition: pa.Table) -> pa.Table:
-        """One hash partition (it may hold several buckets) -> one stats row per bucket."""
-        stats = []
-        for bucket in sorted(pc.unique(partition["bucket"]).to_pylist()):
-            group = partition.filter(pc.equal(partition["bucket"], bucket))
-            stats.append(json.dumps(build_shard(group, self.backend, self.plan)))
-        return pa.table({"stats": pa.array(stats, pa.string())})
+        """One shuffle partition (a whole shard) -> one stats row."""
+        return pa.table({"stats": [json.dumps(build_shard(partition, self.backend, self.plan))]})

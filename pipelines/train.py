@@ -14,11 +14,12 @@ from dataclasses import asdict
 
 from pipelines.config import ConfigError, parse_stage_args
 from train.config import TrainConfig
-from train.trainer import main as train
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_stage_args(TrainConfig, __doc__.splitlines()[0], argv)
+    from train.trainer import main as train  # heavy (torch, ray): only after the config parsed
+
     try:
         result = train(cfg)
     except ConfigError as e:

@@ -13,12 +13,13 @@ import sys
 from dataclasses import asdict
 
 from pipelines.config import ConfigError, parse_stage_args
-from train.tune import main as tune
 from train.tune_config import TuneConfig
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_stage_args(TuneConfig, __doc__.splitlines()[0], argv)
+    from train.tune import main as tune  # heavy (torch, ray): only after the config parsed
+
     try:
         result = tune(cfg)
     except ConfigError as e:

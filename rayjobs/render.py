@@ -87,7 +87,7 @@ def render(stage: str, config: str, profile: Profile, overrides: list[str] | Non
         from serve.app import render_serve_config
 
         return rayservice(name, render_serve_config(cfg), shape, profile, annotations)
-    runtime_env = stages.job_runtime_env(profile.working_dir)
+    runtime_env = stages.job_runtime_env(profile.working_dir, record_commit=False)
     entry = stages.entrypoint(st, config, overrides)
     return rayjob(name, stage, entry, runtime_env, shape, profile, annotations)
 

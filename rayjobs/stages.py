@@ -83,9 +83,16 @@ def entrypoint(stage: Stage, config_path: str | Path, overrides: list[str] | Non
     return shlex.join(argv)
 
 
-def job_runtime_env(working_dir: str | None = ".", env_vars: dict[str, str] | None = None) -> dict:
-    """The runtime env of a stage job: the project as working_dir (when given) and the code commit."""
-    env = {"RAYLINE_GIT_COMMIT": registry.git_commit(), "PYTHONUNBUFFERED": "1", **(env_vars or {})}
+def job_runtime_env(working_dir: str | None = ".", env_vars: dict[str, str] | None = None,
+                    record_commit: bool = True) -> dict:
+    """The runtime env of a stage job: the project as working_dir (when given) and the code commit.
+
+    The working_dir travels without `.git`, so a laptop submission records the commit here. Rendered
+    manifests leave it out: their code is the image's, which sets RAYLINE_GIT_COMMIT when it is built.
+    """
+    env = {"PYTHONUNBUFFERED": "1", **(env_vars or {})}
+    if record_commit:
+        env["RAYLINE_GIT_COMMIT"] = registry.git_commit()
     renv: dict = {"env_vars": env}
     if working_dir is not None:
         renv["working_dir"] = working_dir

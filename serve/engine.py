@@ -16,13 +16,14 @@ What the callers use:
 Batch: `vLLMEngineProcessorConfig(model_source=path, engine_kwargs=..., placement_group_config=...,
 runtime_env=..., accelerator_type=...)`. Serving: `LLMConfig(model_loading_config={"model_id": ...,
 "model_source": path}, engine_kwargs=..., placement_group_config=..., runtime_env=..., accelerator_type=...)`
-and `info.label` ("name/3") is the served model version to report. Plain vLLM:
-`vllm.LLM(model=path, **vllm_engine_kwargs(cfg))`.
+and `info.label` ("name/3") is the served model version to report. Plain vLLM: put
+`runtime_env(cfg)["env_vars"]` in os.environ before vLLM is imported, then `vllm.LLM(model=path, **vllm_engine_kwargs(cfg))`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -166,11 +167,20 @@ def placement_group_config(cfg: EngineConfig) -> dict[str, Any]:
 
 
 def runtime_env(cfg: EngineConfig) -> dict[str, Any]:
-    """Runtime env for the engine processes: `env_vars` plus the ones vLLM on CPU needs to behave on a shared node."""
+    """Runtime env for the engine processes: the CPU defaults below, then `env_vars` (which win)."""
     env: dict[str, str] = {}
     if cfg.accelerator == "cpu":
-        # Tokenizer threads fight the engine's OpenMP threads for the same few cores.
-        env["TOKENIZERS_PARALLELISM"] = "false"
+        env.update({
+            # Run the CPU model worker inside the engine-core process instead of a third process pinned to one
+            # core with the other reserved for the scheduler: one fewer process to spawn and import, and no
+            # per-step IPC between polling processes. In a Ray actor on a 2-core node this measured ~3x the
+            # output tokens/s and half the start-up (593 vs 188 tok/s, 215 vs 416 s; bench_batch_infer.py).
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            # Compute threads follow the CPUs the engine reserved, so engines and stages do not oversubscribe.
+            "OMP_NUM_THREADS": str(max(1, math.floor(cfg.cpus_per_engine))),
+            # Tokenizer threads would fight the engine's threads for the same few cores.
+            "TOKENIZERS_PARALLELISM": "false",
+        })
     env.update({k: str(v) for k, v in cfg.env_vars.items()})
     return {"env_vars": env} if env else {}
 

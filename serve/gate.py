@@ -1,7 +1,8 @@
 """The rollout gate: a version's eval tags against thresholds, and its exported checkpoint checked for completeness.
 
 Each check returns reasons (empty = pass), written so the person who promoted the version can act on
-them: which tag, what value, which threshold; which file is missing or cut short.
+them: which tag, what value, which threshold; which file is missing, cut short, or does not match
+config.json. Only headers are read (a few KB per file, local or s3://), never the weights.
 """
 
 from __future__ import annotations
@@ -38,24 +39,39 @@ def metric_problems(tags: dict[str, str], gate: GateConfig) -> list[str]:
     return problems
 
 
-def _safetensors_problem(uri: str) -> str | None:
-    """None when the file's header parses and the file is as long as the header says; else what is wrong."""
+EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
+
+
+def _safetensors_header(uri: str) -> tuple[dict | None, str | None]:
+    """(header, None) when the file parses and is as long as its header says; else (None, what is wrong)."""
     fs, path = storage.resolve(uri)
     try:
         size = fs.get_file_info(path).size
         with fs.open_input_file(path) as f:
             head = f.read(8)
             if len(head) < 8:
-                return f"{uri}: {size} bytes, too short for a safetensors header"
+                return None, f"{uri}: {size} bytes, too short for a safetensors header"
             (n,) = struct.unpack("<Q", head)
             if n > 100 * 2**20 or 8 + n > size:
-                return f"{uri}: header length {n} does not fit in a {size}-byte file (cut short or not safetensors)"
+                return None, f"{uri}: header length {n} does not fit in a {size}-byte file (cut short or not safetensors)"
             header = json.loads(f.read(n))
     except (OSError, ValueError) as e:
-        return f"{uri}: unreadable safetensors ({e})"
+        return None, f"{uri}: unreadable safetensors ({e})"
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if 8 + n + end != size:
-        return f"{uri}: {size} bytes but its header describes {8 + n + end} (cut short or padded)"
+        return None, f"{uri}: {size} bytes but its header describes {8 + n + end} (cut short or padded)"
+    return header, None
+
+
+def _embedding_problem(config: dict, header: dict, where: str) -> str | None:
+    """The token embedding must be [vocab_size, hidden size] of config.json (weights of another model otherwise)."""
+    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model")
+    vocab = config.get("vocab_size")
+    for name, meta in header.items():
+        if name.endswith(EMBEDDING_SUFFIXES) and vocab and hidden:
+            if list(meta.get("shape", [])) != [vocab, hidden]:
+                return (f"{where}: {name} has shape {meta.get('shape')} but config.json says "
+                        f"[vocab_size, hidden_size] = [{vocab}, {hidden}] (weights and config do not match)")
     return None
 
 
@@ -68,11 +84,12 @@ def checkpoint_problems(source: str) -> list[str]:
     if not files:
         return [f"{source}: no files (checkpoint missing or empty)"]
     problems = []
+    config: dict = {}
     if "config.json" not in files:
         problems.append(f"{source}: config.json is missing")
     else:
         try:
-            json.loads(storage.read_text(storage.join(source, "config.json")))
+            config = json.loads(storage.read_text(storage.join(source, "config.json")))
         except ValueError as e:
             problems.append(f"{source}/config.json: not valid JSON ({e})")
     if not any(f in files for f in TOKENIZER_FILES):
@@ -89,7 +106,8 @@ def checkpoint_problems(source: str) -> list[str]:
         problems.append(f"{source}: no weight files (*.safetensors or *.bin)")
     for w in weights:
         if w.endswith(".safetensors"):
-            problem = _safetensors_problem(storage.join(source, w))
+            header, problem = _safetensors_header(storage.join(source, w))
+            problem = problem or _embedding_problem(config if isinstance(config, dict) else {}, header, f"{source}/{w}")
             if problem:
                 problems.append(problem)
     return problems

@@ -166,11 +166,11 @@ class Rollout:
         if previous is None:
             return "the previous app config is back (it pins no version, so no smoke check)"
         healthy = wait_until_healthy(self.target.state, previous, self.cfg.deploy_timeout_s, fail_fast=False, applied_at=t)
-        answer = healthy.ok and wait_until_answering(self.base_url, self.serve_cfg.served_model_id, previous.label,
-                                                     self.cfg.smoke_prompt, self.cfg.smoke_timeout_s)
-        mlflow.log_metric("rollback_s", time.time() - t)
         if not healthy.ok:
             return f"ROLLBACK NOT HEALTHY: {healthy.reason}"
+        answer = wait_until_answering(self.base_url, self.serve_cfg.served_model_id, previous.label,
+                                      self.cfg.smoke_prompt, self.cfg.smoke_timeout_s)
+        mlflow.log_metric("rollback_s", time.time() - t)
         if not answer.ok:
             return f"ROLLBACK NOT ANSWERING: {answer.reason}"
         return f"rolled back to {previous.label}, answering again"

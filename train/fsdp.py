@@ -31,7 +31,8 @@ def load_model(model_dir: str, attn_implementation: str, activation_checkpointin
     """The base model in fp32 on CPU (FSDP2 moves each shard to the mesh's device)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation=attn_implementation)
     if activation_checkpointing:
         # Non-reentrant checkpointing composes with FSDP2's per-layer all-gather hooks.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -41,11 +42,13 @@ def load_model(model_dir: str, attn_implementation: str, activation_checkpointin
 
 def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool) -> torch.nn.Module:
     """Apply FSDP2 to each decoder layer and the root; bf16 compute keeps fp32 master weights and reductions."""
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    if bf16:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
     layers = decoder_layers(model)
     for i, layer in enumerate(layers):
-        # The last layer's parameters are needed again at once by the root's backward; keeping them
-        # gathered after forward saves one all-gather per step.
+        # Backward starts with the last layer, so keeping it gathered after forward saves an all-gather.
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model

@@ -95,11 +95,12 @@ def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, ca
 
 def result_from_fit(cfg: TrainConfig, plan: RunPlan, run_id: str, fit_result) -> TrainResult:
     metrics = fit_result.metrics or {}
+    latest = fit_result.checkpoint
     return TrainResult(
         run_name=cfg.run_name, mlflow_run_id=run_id, final_step=int(metrics.get("step", 0)),
         total_steps=plan.total_steps, first_eval_loss=metrics.get("first_eval_loss"),
         eval_loss=metrics.get("eval_loss"),
-        checkpoint_uri=_uri_like(cfg.checkpoint.storage_path, fit_result.checkpoint.path) if fit_result.checkpoint else "",
+        checkpoint_uri=_uri_like(cfg.checkpoint.storage_path, latest.path) if latest else "",
         export_uri=metrics.get("export_uri") or "", dataset_version=plan.dataset_version,
     )
 

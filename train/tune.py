@@ -18,7 +18,7 @@ from pipelines import registry, storage
 from pipelines.config import ConfigError, flatten, from_dict, to_dict
 from train.capacity import TRIAL_DRIVER_CPUS, runs_that_fit
 from train.preflight import plan_run
-from train.tracking import log_new_params, register_export, training_run
+from train.tracking import MAX_PARAM_LEN, log_new_params, register_export, training_run
 from train.trainer import build_trainer, connect_ray, worker_env
 from train.tune_config import TuneConfig, trial_config
 
@@ -111,7 +111,8 @@ def _summaries(cfg: TuneConfig, results, parent_run_id: str, total_steps: int) -
         run = by_trial.get(trial_id)
         step = int(metrics.get("step", 0))
         out.append(TrialSummary(
-            trial_id=trial_id, run_name=run.info.run_name if run else "", mlflow_run_id=run.info.run_id if run else None,
+            trial_id=trial_id, run_name=run.info.run_name if run else "",
+            mlflow_run_id=run.info.run_id if run else None,
             sampled={k: res.config.get(k) for k in cfg.space}, step=step, metric=metrics.get(cfg.metric),
             finished=bool(metrics.get("export_uri")) and step >= total_steps,
         ))
@@ -150,7 +151,8 @@ def main(cfg: TuneConfig) -> TuneResult:
     with registry.start_run(cfg.experiment, cfg.search_name, tags=tags) as parent:
         parent_id = parent.info.run_id
         client = registry.client()
-        log_new_params(parent_id, {k: str(v)[:6000] for k, v in {**flatten(cfg), "max_concurrent_trials": concurrent}.items()})
+        params = {**flatten(cfg), "max_concurrent_trials": concurrent}
+        log_new_params(parent_id, {k: str(v)[:MAX_PARAM_LEN] for k, v in params.items()})
         client.set_tag(parent_id, "rayline.capacity", arithmetic)
         print(f"search {cfg.search_name}: {cfg.num_samples} trials, {concurrent} at a time ({arithmetic})", flush=True)
 

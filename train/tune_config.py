@@ -100,7 +100,8 @@ class TuneConfig:
         base = self.base_train_config()
         t = base.train
         # ASHA compares trials at every report (each checkpoint); a stale eval_loss would compare nothing.
-        require(self.metric != "eval_loss" or (t.eval_every_steps > 0 and t.checkpoint_every_steps in (0, t.eval_every_steps)),
+        fresh = t.eval_every_steps > 0 and t.checkpoint_every_steps in (0, t.eval_every_steps)
+        require(self.metric != "eval_loss" or fresh,
                 "train_overrides", f"eval_loss is compared at every checkpoint, so the trial's train.eval_every_steps "
                 f"({t.eval_every_steps}) must be set and train.checkpoint_every_steps ({t.checkpoint_every_steps}) "
                 "must be 0 or equal to it")

@@ -17,9 +17,9 @@ TOKENIZER = {"name_or_path": "tok", "hash": "ab" * 32, "vocab_size": 512, "eos_t
              "chat_template_hash": "cd" * 8}
 
 
-def bucket(b, read=10, rejected=None, dedup=1, train=(2, 5, 100, 40), eval_=(1, 2, 30, 10)):
+def shard(b, read=10, rejected=None, dedup=1, train=(2, 5, 100, 40), eval_=(1, 2, 30, 10)):
     split = lambda r, e, t, lt: {"rows": r, "examples": e, "tokens": t, "loss_tokens": lt}  # noqa: E731
-    return {"bucket": b, "read": read, "rejected_by_reason": rejected or {"invalid_json": 2}, "deduplicated": dedup,
+    return {"shard": b, "read": read, "rejected_by_reason": rejected or {"invalid_json": 2}, "deduplicated": dedup,
             "truncated": 0, "splits": {"train": split(*train), "eval": split(*eval_)}}
 
 
@@ -33,13 +33,13 @@ def test_version_is_stable_and_sensitive():
     assert v != dataset_version({"a": "1" * 64, "b": "2" * 64}, TOKENIZER, "d" * 16)
 
 
-def test_add_up_sums_buckets_and_refuses_a_bucket_built_twice():
-    totals = add_up([bucket(0), bucket(1, rejected={"invalid_json": 1, "too_long": 3})])
+def test_add_up_sums_shards_and_refuses_a_shard_built_twice():
+    totals = add_up([shard(0), shard(1, rejected={"invalid_json": 1, "too_long": 3})])
     assert totals["counts"] == {"read": 20, "rejected": 6, "rejected_by_reason": {"invalid_json": 3, "too_long": 3},
                                 "deduplicated": 2, "truncated": 0, "written_examples": 14}
     assert totals["splits"]["train"] == {"rows": 4, "examples": 10, "tokens": 200, "loss_tokens": 80}
-    with pytest.raises(RuntimeError, match=r"buckets \[1\]"):
-        add_up([bucket(1), bucket(1)])
+    with pytest.raises(RuntimeError, match=r"shards \[1\]"):
+        add_up([shard(1), shard(1)])
 
 
 def test_reject_gate_names_top_reasons():
@@ -57,7 +57,7 @@ def test_reject_gate_names_top_reasons():
 
 def test_manifest_fields_and_summary(tmp_path):
     cfg = from_dict(Config, {"inputs": ["a.jsonl"], "output_uri": str(tmp_path), "tokenizer": "tok", "seq_len": 64})
-    totals = add_up([bucket(0)])
+    totals = add_up([shard(0)])
     m = build_manifest(cfg, "0123456789abcdef", str(tmp_path / "0123456789abcdef"), ["a.jsonl"], {"a.jsonl": "1" * 64},
                        TOKENIZER, totals, None)
     assert set(m) == {"version", "created_at", "format", "sources", "source_hashes", "tokenizer", "seq_len", "packing",

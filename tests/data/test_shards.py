@@ -1,4 +1,4 @@
-"""One bucket end to end without Ray: records -> examples -> dedup, tokenize, pack, Parquet and rejects."""
+"""One shard end to end without Ray: records -> examples -> dedup, tokenize, pack, Parquet and rejects."""
 
 import json
 
@@ -32,18 +32,25 @@ def lines_block(records):
     return pa.table(dict(zip(LINES_SCHEMA.names, cols)), schema=LINES_SCHEMA)
 
 
-def run_bucket(tmp_path, tokenizer, records, fmt="chat", seq_len=64, packing="pack", truncate=False, eval_fraction=0.0):
+def run_shard(tmp_path, tokenizer, records, fmt="chat", seq_len=64, packing="pack", truncate=False, eval_fraction=0.0):
     files, tok = tokenizer
     spec = TemplateSpec(tok.chat_template, dict(tok.special_tokens_map), tok.eos_token)
-    plan = ExamplePlan(RecordRules(format=fmt), spec, num_shards=1, seed=3, eval_fraction=eval_fraction, seq_len=seq_len)
+    plan = ExamplePlan(RecordRules(format=fmt), spec, seed=3, eval_fraction=eval_fraction, seq_len=seq_len)
     group = to_examples(lines_block(records), plan)
     shard = ShardPlan(str(tmp_path / "v1"), tok.backend_tokenizer.to_str(), fmt, seq_len, packing, truncate, True, 3,
                       tok.pad_token_id, tokenize_batch_size=4)
     return build_shard(group, load_backend(shard.backend_json), shard), tok
 
 
-def read_rows(path):
-    return pq.read_table(path).to_pylist()
+def only_file(folder):
+    """The one file a single-shard run writes in `folder` (named by the shard's smallest key)."""
+    (path,) = folder.iterdir()
+    assert path.name.startswith("part-") and len(path.stem) == len("part-") + 16
+    return path
+
+
+def read_rows(folder):
+    return pq.read_table(only_file(folder)).to_pylist()
 
 
 def documents(rows, tok):
@@ -66,11 +73,11 @@ def test_dedup_across_sources_and_normalisation(tmp_path, tokenizer):
         ("c.jsonl", 2, chat("Caf\u00e9?", "yes"), "jsonl", EVAL),                # NFC twin; the eval copy wins
         ("a.jsonl", 2, chat("What is 2 + 2?", "4", system="Terse."), "jsonl", TRAIN),
     ]
-    stats, tok = run_bucket(tmp_path, tokenizer, records)
+    stats, tok = run_shard(tmp_path, tokenizer, records)
     assert stats["read"] == 5 and stats["deduplicated"] == 2 and stats["rejected_by_reason"] == {}
     assert stats["splits"]["train"]["examples"] == 2 and stats["splits"]["eval"]["examples"] == 1
-    train = documents(read_rows(tmp_path / "v1" / "train" / "part-00000.parquet"), tok)
-    eval_ = documents(read_rows(tmp_path / "v1" / "eval" / "part-00000.parquet"), tok)
+    train = documents(read_rows(tmp_path / "v1" / "train"), tok)
+    eval_ = documents(read_rows(tmp_path / "v1" / "eval"), tok)
     assert sorted(label for _, label in train) == ["2<|im_end|>", "4<|im_end|>"]
     assert [text for text, _ in eval_] == ["<|im_start|>user\nCafé?<|im_end|>\n<|im_start|>assistant\nyes<|im_end|>\n"]
     assert any("<|im_start|>system\nTerse.<|im_end|>" in text for text, _ in train)
@@ -78,8 +85,8 @@ def test_dedup_across_sources_and_normalisation(tmp_path, tokenizer):
 
 def test_rows_have_the_contract_columns(tmp_path, tokenizer):
     records = [("a.jsonl", i + 1, chat(f"Repeat exactly: word {i}", f"word {i}"), "jsonl", TRAIN) for i in range(30)]
-    stats, _ = run_bucket(tmp_path, tokenizer, records, seq_len=64)
-    table = pq.read_table(tmp_path / "v1" / "train" / "part-00000.parquet")
+    stats, _ = run_shard(tmp_path, tokenizer, records, seq_len=64)
+    table = pq.read_table(only_file(tmp_path / "v1" / "train"))
     assert table.schema.names == ["input_ids", "labels", "position_ids", "segment_ids"]
     assert all(pa.types.is_list(t) and t.value_type == pa.int32() for t in table.schema.types)
     assert {len(x) for x in table["input_ids"].to_pylist()} == {64}
@@ -92,9 +99,9 @@ def test_over_length_is_rejected_with_its_raw_record(tmp_path, tokenizer):
     long = chat("Repeat exactly: " + "kiwi " * 40, "kiwi " * 40)
     records = [("a.jsonl", 3, long, "jsonl", TRAIN), ("a.jsonl", 4, chat("What is 3 + 4?", "7"), "jsonl", TRAIN),
                ("a.jsonl", 5, b"{broken", "jsonl", TRAIN)]
-    stats, _ = run_bucket(tmp_path, tokenizer, records, seq_len=32)
+    stats, _ = run_shard(tmp_path, tokenizer, records, seq_len=32)
     assert stats["rejected_by_reason"] == {"too_long": 1, "invalid_json": 1}
-    rejects = [json.loads(x) for x in (tmp_path / "v1" / "rejects" / "part-00000.jsonl").read_text().splitlines()]
+    rejects = [json.loads(x) for x in only_file(tmp_path / "v1" / "rejects").read_text().splitlines()]
     assert [(r["line"], r["reason"]) for r in rejects] == [(3, "too_long"), (5, "invalid_json")]
     assert rejects[0]["raw"] == long.decode() and rejects[1]["raw"] == "{broken" and rejects[0]["source"] == "a.jsonl"
     assert stats["splits"]["train"]["examples"] == 1
@@ -103,9 +110,9 @@ def test_over_length_is_rejected_with_its_raw_record(tmp_path, tokenizer):
 def test_truncate_cuts_and_counts(tmp_path, tokenizer):
     records = [("a.jsonl", 1, chat("hi", "kiwi " * 40), "jsonl", TRAIN),     # answer cut: kept, truncated
                ("a.jsonl", 2, chat("kiwi " * 40, "ok"), "jsonl", TRAIN)]     # answer cut away entirely: rejected
-    stats, tok = run_bucket(tmp_path, tokenizer, records, seq_len=32, truncate=True)
+    stats, tok = run_shard(tmp_path, tokenizer, records, seq_len=32, truncate=True)
     assert stats["truncated"] == 1 and stats["rejected_by_reason"] == {"too_long": 1}
-    rows = read_rows(tmp_path / "v1" / "train" / "part-00000.parquet")
+    rows = read_rows(tmp_path / "v1" / "train")
     assert len(rows) == 1 and all(s == 1 for s in rows[0]["segment_ids"])
     assert tok.decode(rows[0]["input_ids"]).startswith("<|im_start|>user\nhi<|im_end|>")
 
@@ -113,8 +120,8 @@ def test_truncate_cuts_and_counts(tmp_path, tokenizer):
 def test_text_format_splits_long_documents_without_loss(tmp_path, tokenizer):
     words = " ".join(f"{i}" for i in range(100))
     records = [("t.txt", 1, words.encode(), "text", TRAIN), ("t.txt", 2, b"short doc", "text", TRAIN)]
-    stats, tok = run_bucket(tmp_path, tokenizer, records, fmt="text", seq_len=32, packing="pad")
-    rows = read_rows(tmp_path / "v1" / "train" / "part-00000.parquet")
+    stats, tok = run_shard(tmp_path, tokenizer, records, fmt="text", seq_len=32, packing="pad")
+    rows = read_rows(tmp_path / "v1" / "train")
     assert stats["truncated"] == 0 and stats["splits"]["train"]["examples"] == 2
     assert stats["splits"]["train"]["tokens"] == stats["splits"]["train"]["loss_tokens"]  # every real token is a label
     pieces = [[i for i, s in zip(r["input_ids"], r["segment_ids"]) if s] for r in rows]
@@ -126,11 +133,10 @@ def test_text_format_splits_long_documents_without_loss(tmp_path, tokenizer):
     assert offsets == list(range(0, len(long), 32))
 
 
-def test_same_bucket_twice_writes_the_same_bytes(tmp_path, tokenizer):
+def test_same_shard_twice_writes_the_same_files(tmp_path, tokenizer):
     records = [("a.jsonl", i + 1, chat(f"What is {i} + 1?", str(i + 1)), "jsonl", TRAIN) for i in range(40)]
-    run_bucket(tmp_path / "x", tokenizer, list(reversed(records)), eval_fraction=0.2)
-    run_bucket(tmp_path / "y", tokenizer, records, eval_fraction=0.2)
+    run_shard(tmp_path / "x", tokenizer, list(reversed(records)), eval_fraction=0.2)
+    run_shard(tmp_path / "y", tokenizer, records, eval_fraction=0.2)
     for split in ("train", "eval"):
-        a = pq.read_table(tmp_path / "x" / "v1" / split / "part-00000.parquet")
-        b = pq.read_table(tmp_path / "y" / "v1" / split / "part-00000.parquet")
-        assert a.equals(b)  # input order does not matter: the seeded order does
+        a, b = only_file(tmp_path / "x" / "v1" / split), only_file(tmp_path / "y" / "v1" / split)
+        assert a.name == b.name and pq.read_table(a).equals(pq.read_table(b))  # input order does not matter: the seeded order does

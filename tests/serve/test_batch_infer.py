@@ -36,6 +36,8 @@ def test_cpu_engine_asks_for_no_gpu_and_an_explicit_kv_cache():
     kwargs = eng.vllm_engine_kwargs(cfg)
     assert kwargs["kv_cache_memory_bytes"] == 64 * eng.MiB and "gpu_memory_utilization" not in kwargs
     assert "model" not in kwargs and cfg.accelerator_type is None
+    env = eng.runtime_env(cfg)["env_vars"]
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == "1"
 
 
 def test_gpu_config_renders_strict_pack_tensor_parallel_placement():

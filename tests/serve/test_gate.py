@@ -40,6 +40,15 @@ def test_truncated_weights_are_caught(checkpoint, tmp_path):
     assert "model.safetensors" in problem and "cut short" in problem
 
 
+def test_weights_of_another_shape_than_config_json(checkpoint, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "hidden_size": 2 * cfg["hidden_size"]}))
+    (problem,) = checkpoint_problems(str(ckpt))
+    assert "embed_tokens.weight" in problem and "do not match" in problem
+
+
 def test_missing_files_are_each_named(checkpoint, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(checkpoint, ckpt)

@@ -40,9 +40,9 @@ GATE = {"min_metrics": {"eval.exact_match": 0.5}}
 
 def broken_copy(src: Path, dst: Path, how: str) -> Path:
     shutil.copytree(src, dst)
-    if how == "shape":  # loads as JSON and safetensors, but the weights do not fit the model it describes
+    if how == "shape":  # whole files and a matching embedding (the gate passes), but the MLP weights do not fit
         cfg = json.loads((dst / "config.json").read_text())
-        cfg.update(hidden_size=256, intermediate_size=704)
+        cfg["intermediate_size"] *= 2
         (dst / "config.json").write_text(json.dumps(cfg))
     else:  # an upload cut short
         w = dst / "model.safetensors"

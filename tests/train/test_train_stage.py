@@ -14,13 +14,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from data.prepared import load_manifest
+from data.prepared import COLUMNS, load_manifest
 from pipelines import registry, storage
 from pipelines.config import config_hash
 from train.checkpoint import read_trainer_state
 from train.packed_batch import forward_loss_sum, loss_tokens
 
 TOTAL_STEPS = 12
+# Each test may start one or two Ray Train jobs (and the first also prepares the data); on a busy
+# 2-core machine that outlasts the suite's default 900 s per test.
+pytestmark = pytest.mark.timeout(1800)
 CHECKPOINT_FILES = {".metadata", "__0_0.distcp", "__1_0.distcp", "trainer_state.json", "rng_rank0.pt", "rng_rank1.pt"}
 
 
@@ -77,8 +80,8 @@ def test_export_loads_in_transformers_and_reproduces_the_final_eval_loss(referen
     cfg, result = reference
     assert result.export_uri == storage.join(cfg.checkpoint.storage_path, cfg.run_name, "export")
     local = Path(storage.local_copy(result.export_uri, tmp_path))
-    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-        assert (local / name).exists(), name
+    files = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+    assert all((local / name).exists() for name in files), sorted(p.name for p in local.iterdir())
     model = AutoModelForCausalLM.from_pretrained(local).eval()
     tokenizer = AutoTokenizer.from_pretrained(local)
 
@@ -86,7 +89,7 @@ def test_export_loads_in_transformers_and_reproduces_the_final_eval_loss(referen
     manifest = load_manifest(cfg.data.manifest_uri)
     fs, path = storage.resolve(manifest["splits"]["eval"]["path"])
     table = pq.read_table(path, filesystem=fs)
-    batch = {k: torch.tensor(table.column(k).to_pylist()) for k in ("input_ids", "labels", "position_ids", "segment_ids")}
+    batch = {k: torch.tensor(table.column(k).to_pylist()) for k in COLUMNS}
     with torch.no_grad():
         total = float(forward_loss_sum(model, batch, torch.device("cpu"), torch.float32))
     assert total / loss_tokens(batch) == pytest.approx(result.eval_loss, rel=1e-4)

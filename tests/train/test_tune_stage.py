@@ -16,6 +16,7 @@ from train.tune import TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
 from train.tune_config import TuneConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(1800)  # three trials, one at a time on a 2-core machine
 
 
 @pytest.fixture()
