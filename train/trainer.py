@@ -52,15 +52,15 @@ def worker_env() -> dict[str, str]:
 
 
 def connect_ray() -> None:
-    """Join the cluster; outside a Ray job also pin RAY_ADDRESS for every process of this job.
+    """Join the cluster and pin RAY_ADDRESS (the GCS address) for every process of this job.
 
     Ray Train's detached placement-group cleaner finds its cluster through the state API, which on a
-    machine running several Ray clusters picks the newest one unless RAY_ADDRESS says otherwise;
-    then the placement group of a trial that Tune stopped is never released.
+    machine running several Ray clusters picks the newest one unless RAY_ADDRESS says otherwise; the
+    placement group of a trial that ASHA stopped would then never be released and the next trial would
+    wait for it forever. Under the Jobs API, RAY_ADDRESS is already the cluster's GCS address.
     """
     gcs = ray_address()
-    pin = gcs and not os.environ.get("RAY_JOB_SUBMISSION_ID")
-    init_ray(runtime_env={"env_vars": {"RAY_ADDRESS": gcs}} if pin else None)
+    init_ray(runtime_env={"env_vars": {"RAY_ADDRESS": gcs}} if gcs else None)
 
 
 def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, callbacks: list | None = None):
