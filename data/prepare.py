@@ -50,7 +50,8 @@ class Result:
 
 
 def _pool_size(cpus: float, num_shards: int) -> tuple[int, int]:
-    """(most tokenizer actors, Rust tokenizer threads per actor) for a cluster of `cpus` logical CPUs."""
+    """(most tokenizer actors, Rust tokenizer threads per actor) for `cpus` logical CPUs: an actor per
+    CPU (never more than there are shards to build), and the CPUs no actor can use as tokenizer threads."""
     actors = max(1, min(int(cpus), num_shards))
     return actors, max(1, int(cpus) // actors)
 
@@ -69,7 +70,8 @@ def _template_spec(cfg: Config, tok) -> TemplateSpec:
     return TemplateSpec(tok.chat_template, special, tok.eos_token or "", cfg.append_eos)
 
 
-def run_pipeline(cfg: Config, files: list[SourceFile], example_plan: ExamplePlan, shard_plan: ShardPlan) -> list[dict]:
+def run_pipeline(cfg: Config, files: list[SourceFile], example_plan: ExamplePlan, shard_plan: ShardPlan,
+                 actors: int) -> list[dict]:
     """Run the stage on Ray Data; returns the stats of every shard (see `data.shards.build_shard`).
 
     Two executions, so that each has every CPU. First the reads, validation and rendering (tasks) and the
@@ -86,7 +88,6 @@ def run_pipeline(cfg: Config, files: list[SourceFile], example_plan: ExamplePlan
         .repartition(cfg.num_shards, keys=["key0"])
         .materialize()
     )
-    actors, _ = _pool_size(cluster_cpus(), cfg.num_shards)
     pool = ray.data.ActorPoolStrategy(min_size=1, max_size=actors, max_tasks_in_flight_per_actor=1)
     built = shards.map_batches(ShardBuilder, batch_format="pyarrow", batch_size=None, compute=pool, num_cpus=1,
                                 fn_constructor_kwargs={"plan": shard_plan})
@@ -124,12 +125,12 @@ def main(cfg: Config) -> Result:
 
     example_plan = ExamplePlan(RecordRules.from_config(cfg), _template_spec(cfg, tok), cfg.seed,
                                0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len)
-    _, threads = _pool_size(cluster_cpus(), cfg.num_shards)
+    actors, threads = _pool_size(cluster_cpus(), cfg.num_shards)
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
                            threads)
     with tracking.data_run(cfg, version, manifest_uri) as run_id:
-        totals = mf.add_up(run_pipeline(cfg, files, example_plan, shard_plan))
+        totals = mf.add_up(run_pipeline(cfg, files, example_plan, shard_plan, actors))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
                                      totals, run_id)
         wall_s = time.perf_counter() - t0
