@@ -59,7 +59,8 @@ def _pool_size(cpus: float, num_shards: int) -> tuple[int, int]:
 def _hash_sources(files: list[SourceFile]) -> dict[str, str]:
     """sha256 of every input's bytes: local files here (where they are), s3:// objects as Ray tasks."""
     remote = [f.uri for f in files if storage.is_remote(f.uri)]
-    refs = [ray.remote(num_cpus=0.5)(hash_file).remote(uri) for uri in remote]
+    hash_task = ray.remote(num_cpus=0.5)(hash_file)
+    refs = [hash_task.remote(uri) for uri in remote]
     hashes = {f.uri: hash_file(f.uri) for f in files if not storage.is_remote(f.uri)}
     hashes.update(zip(remote, ray.get(refs)))
     return {f.uri: hashes[f.uri] for f in files}

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from pipelines import registry, stack
@@ -37,7 +38,31 @@ class DemoConfig:
     n_train: int = 4000
     n_eval: int = 200
     tune_samples: int = 3
-    stack_overrides: dict[str, int] = field(default_factory=dict)
+    train_overrides: list[str] = field(default_factory=list)
+    """Extra TrainConfig overrides for the tune trials and the final run (the e2e test makes them shorter)."""
+    stack_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DemoResult:
+    """What the demo produced: the facts of its summary, with the ids that join the stages."""
+
+    dataset_version: str
+    manifest_uri: str
+    counts: dict[str, int]
+    data_run_id: str
+    tune_parent_run_id: str
+    best_trial: str
+    best_params: dict[str, str]
+    train_run_id: str
+    model_name: str
+    model_version: str
+    exact_match: dict[str, float]
+    rollout_s: float
+    question: str
+    answer: str
+    served_by: str
+    total_s: float = 0.0
 
 
 class StageFailed(RuntimeError):
@@ -122,7 +147,7 @@ def chat(base_url: str, question: str) -> tuple[str, str]:
     return resp.choices[0].message.content, resp.system_fingerprint or ""
 
 
-def main(cfg: DemoConfig) -> dict:
+def main(cfg: DemoConfig) -> DemoResult:
     t0 = step("stack up (Ray head, MLflow)")
     scfg = from_dict(stack.StackConfig, {"state_dir": cfg.state_dir, **cfg.stack_overrides}, "demo")
     stack.up(scfg)
@@ -153,7 +178,8 @@ def main(cfg: DemoConfig) -> dict:
     search = f"demo-search-{int(time.time())}"
     job = run_stage("tune", "configs/tune/tiny.yaml", [
         f"search_name={search}", f"num_samples={cfg.tune_samples}", "register_as=",
-        f"train_overrides=[train.epochs=1,train.eval_every_steps=4,train.checkpoint_every_steps=4,{','.join(common)}]",
+        f"train_overrides=[train.epochs=1,train.eval_every_steps=4,train.checkpoint_every_steps=4,"
+        f"{','.join(common + cfg.train_overrides)}]",
     ], logs)
     import mlflow
 
@@ -165,7 +191,7 @@ def main(cfg: DemoConfig) -> dict:
 
     step("train the best configuration (Ray Train, FSDP2) and register it")
     run_name = f"demo-{dataset_version}-{int(time.time())}"
-    job = run_stage("train", "configs/train/tiny.yaml", [f"run_name={run_name}", *common,
+    job = run_stage("train", "configs/train/tiny.yaml", [f"run_name={run_name}", *common, *cfg.train_overrides,
                     f"mlflow.register_as={cfg.model_name}", *[f"{k}={v}" for k, v in best_params.items()]], logs)
     train_run = run_of_job(job)
     versions = registry.client().search_model_versions(f"name = '{cfg.model_name}' and run_id = '{train_run.info.run_id}'")
@@ -194,30 +220,40 @@ def main(cfg: DemoConfig) -> dict:
     answer, served = chat(scfg_serve_url(scfg), question)
     print(f"    Q: {question}  A: {answer!r}  (served by {served})")
 
-    summary = {
-        "dataset version": dataset_version, "dataset counts": counts,
-        "best trial params": best_params,
-        "exact match base": f"{scores['base']:.3f}", "exact match fine-tuned": f"{scores['fine-tuned']:.3f}",
-        "model version": f"models:/{cfg.model_name}/{version} (@champion)",
-        "rollout time": f"{rollout_s:.0f}s", "chat answer": f"{answer!r} from {served}",
-        "total time": f"{time.time() - t0:.0f}s",
-    }
-    print_summary(summary, scfg)
-    return summary
+    result = DemoResult(
+        dataset_version=dataset_version, manifest_uri=manifest, counts=counts, data_run_id=data_run.info.run_id,
+        tune_parent_run_id=parent.info.run_id, best_trial=parent.data.tags.get("rayline.best_trial", ""),
+        best_params=best_params, train_run_id=train_run.info.run_id, model_name=cfg.model_name,
+        model_version=version, exact_match=scores, rollout_s=rollout_s, question=question, answer=answer,
+        served_by=served, total_s=time.time() - t0)
+    print_summary(result, scfg)
+    return result
 
 
 def scfg_serve_url(scfg: stack.StackConfig) -> str:
     return stack.env_vars(scfg)["RAYLINE_SERVE_URL"]
 
 
-def print_summary(summary: dict, scfg: stack.StackConfig) -> None:
+def print_summary(r: DemoResult, scfg: stack.StackConfig) -> None:
+    rows = {
+        "dataset version": r.dataset_version,
+        "dataset counts": ", ".join(f"{k} {v}" for k, v in r.counts.items()),
+        "best trial": f"{r.best_trial} {r.best_params}",
+        "exact match": f"base {r.exact_match['base']:.3f} -> fine-tuned {r.exact_match['fine-tuned']:.3f}",
+        "model version": f"models:/{r.model_name}/{r.model_version} (@{registry.DEFAULT_ALIAS})",
+        "rollout time": f"{r.rollout_s:.0f}s (alias set -> new version serving)",
+        "chat": f"{r.question!r} -> {r.answer!r} (served by {r.served_by})",
+        "total time": f"{r.total_s:.0f}s",
+        "lineage (MLflow UI)": f"{registry.tracking_uri()}/#/models/{r.model_name}/versions/{r.model_version}",
+    }
     print("\n== rayline demo summary ==")
-    for k, v in summary.items():
-        print(f"  {k:24} {v}")
-    for name, url in stack.urls(scfg).items():
-        print(f"  {name:24} {url}")
-    print("\nPromote another version: MLflow UI -> Models -> rayline-tiny -> a version -> Aliases -> add `champion`;\n"
-          "then `python -m pipelines.rollout --config configs/rollout/tiny.yaml` (or `... watch=true` to follow the alias).")
+    for k, v in {**rows, **stack.urls(scfg)}.items():
+        print(f"  {k:18} {v}")
+    print(f"\nLineage: MLflow UI -> Models -> {r.model_name} -> Version {r.model_version}: its tags name the dataset\n"
+          f"version and manifest, the training run (source run) and the rollout record (rollout.status, deployed_at).\n"
+          f"Promote another version: MLflow UI -> Models -> {r.model_name} -> a version -> Aliases -> add "
+          f"`{registry.DEFAULT_ALIAS}`;\nthen `python -m pipelines.rollout --config configs/rollout/tiny.yaml` rolls it "
+          f"out once, or add `--watch` to follow the alias (polling, or MLflow webhooks with webhook_port set).")
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -17,11 +17,34 @@ def ray_address() -> str | None:
     return os.environ.get("RAYLINE_RAY_GCS") or None
 
 
+def _keep_loopback(addr: str | None) -> None:
+    """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when it is imported; a process that imported ray
+    before the local stack's env was set would rewrite 127.0.0.1 to the machine's public IP, where the
+    loopback-only stack does not listen, and hang in ray.init. Apply the env's intent now."""
+    from ray._private import ray_constants
+
+    host = (addr or "").rsplit(":", 1)[0]
+    if host in ("127.0.0.1", "localhost") and os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR) == "0":
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def reload_auth_config() -> None:
+    """Ray caches RAY_AUTH_MODE / RAY_AUTH_TOKEN_PATH the first time its config is read; a process that
+    touched Ray before the stack's env was set would connect without the token and be refused. Re-read."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
 def init_ray(**kwargs) -> None:
     """`ray.init` once per process. Outside a Ray job, ship the project's code to workers via PYTHONPATH."""
     if ray.is_initialized():
         return
     addr = ray_address()
+    _keep_loopback(addr)
+    reload_auth_config()
     env = dict(os.environ)
     # The Jobs API's RAY_ADDRESS is the dashboard's HTTP URL; ray.init wants the GCS, so drop it here.
     if env.get("RAY_ADDRESS", "").startswith("http"):

@@ -57,6 +57,9 @@ def submit_stage(
         load_config(stages.config_class(st), config, overrides)
     except ConfigError as e:
         raise ConfigError(f"not submitted: {e}") from None
+    from pipelines.ray_cluster import reload_auth_config
+
+    reload_auth_config()  # this process may have read Ray's config before the stack's env was set
     client = JobSubmissionClient(dashboard_address(address))
     job_id = client.submit_job(
         entrypoint=stages.entrypoint(st, config, overrides),

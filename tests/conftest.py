@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Ray reads this once at import: keep the test stack's drivers on 127.0.0.1 whatever imports ray first.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 

@@ -65,6 +65,7 @@ def connect_ray() -> None:
 
 def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, callbacks: list | None = None):
     """The TorchTrainer for one run; `fit()` resumes from `<storage_path>/<run_name>` when it holds checkpoints."""
+    import ray.data
     import ray.train
     from data.prepared import read_split
     from ray.data import ExecutionOptions
@@ -80,11 +81,13 @@ def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, ca
     resources = dict(plan.resources_per_worker)
     scaling = ray.train.ScalingConfig(num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
                                       resources_per_worker=resources)
+    # preserve_order makes the row order and the split deterministic (locality hints off), so equal seeds
+    # give equal runs and a resumed run can skip exactly the micro-batches it already trained on. The
+    # materialized splits are read here, in the driver, so its context must keep the order too.
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
     datasets = {split: read_split(plan.manifest_uri, split) for split in ("train", "eval")}
     for split in cfg.data.materialize:
         datasets[split] = datasets[split].materialize()
-    # preserve_order makes the split deterministic (locality hints off), so equal seeds give equal runs
-    # and a resumed run can skip exactly the micro-batches it already trained on.
     data_config = ray.train.DataConfig(execution_options=ExecutionOptions(preserve_order=True))
     return TorchTrainer(
         train_fn_per_worker,

@@ -30,7 +30,9 @@ from serve.rollout import DEPLOYED, REJECTED, ROLLED_BACK, Rollout
 from serve.rollout_config import Config as RolloutConfig
 from tests.serve.test_serve import register_fresh, serve_config_dict
 
-pytestmark = pytest.mark.slow
+# The module's app is started in the first test's setup, which pytest-timeout counts against that test;
+# on a busy 2-core box one engine start alone can take minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 MODEL = "rayline-rollout-test"
 APP = "rayline-test-rollout"
@@ -83,11 +85,11 @@ def setup(local_stack, tiny_model_dir, tmp_path_factory):
 class Load:
     """A few loopback clients (non-streamed and streamed) for as long as it runs; bounded in time."""
 
-    def __init__(self, base_url: str, clients: int = 3, limit_s: float = 900):
+    def __init__(self, base_url: str, clients: int = 3, limit_s: float = 1800, pause_s: float = 0.2):
         from openai import OpenAI
 
         self.client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-        self.stop_at = time.time() + limit_s
+        self.stop_at, self.pause_s = time.time() + limit_s, pause_s
         self.stop = threading.Event()
         self.results: list[tuple[float, float, str | None]] = []  # (started, finished, fingerprint)
         self.errors: list[str] = []
@@ -108,6 +110,7 @@ class Load:
             try:
                 fp = self._one(i)
                 self.results.append((t, time.time(), fp))
+                time.sleep(self.pause_s)  # steady traffic, not a CPU hog that starves the rollout it watches
             except Exception as e:  # every failure counts; the test asserts there are none
                 self.errors.append(f"{time.time() - t:.1f}s {type(e).__name__}: {e}")
                 time.sleep(0.5)

@@ -21,7 +21,8 @@ from pipelines import registry
 from serve.app import served_model_of
 from serve.deploy_target import LocalServe
 
-pytestmark = pytest.mark.slow
+# The app starts in the first test's setup, which pytest-timeout counts against that test.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MODEL = "rayline-serve-test"
 APP = "rayline-test-serve"

