@@ -24,6 +24,7 @@ from pathlib import Path
 from pipelines import registry, stack
 from pipelines.config import from_dict
 from pipelines.submit import submit_stage
+from rayjobs import stages
 
 BASE_MODEL_NAME = "rayline-tiny-base"
 
@@ -39,7 +40,9 @@ class DemoConfig:
     n_eval: int = 200
     tune_samples: int = 3
     train_overrides: list[str] = field(default_factory=list)
-    """Extra TrainConfig overrides for the tune trials and the final run (the e2e test makes them shorter)."""
+    """Extra TrainConfig overrides for the tune trials and the final run."""
+    trial_overrides: list[str] = field(default_factory=lambda: ["train.epochs=1"])
+    """TrainConfig overrides for the tune trials only (shorter than the final run)."""
     stack_overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -53,6 +56,8 @@ class DemoResult:
     data_run_id: str
     tune_parent_run_id: str
     best_trial: str
+    tune_model_version: str
+    """`<name>/<version>` the search registered its best trial as."""
     best_params: dict[str, str]
     train_run_id: str
     model_name: str
@@ -101,12 +106,13 @@ def register_base_model(base: Path) -> str:
     return mv.version
 
 
-def run_stage(stage: str, config: str, overrides: list[str], logs: Path) -> str:
+def run_stage(stage: str, config: str, overrides: list[str], logs: Path, log_name: str = "") -> str:
     """Submit a stage as a Ray job, stream its log to a file, and return the job id; raise with the log tail on failure."""
     logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"{stage}.log"
+    log = logs / f"{log_name or stage}.log"
     t = time.time()
-    print(f"    ray job: python -m {stage} --config {config} ({len(overrides)} overrides); log: {log}", flush=True)
+    print(f"    ray job: python -m {stages.get_stage(stage).module} --config {config} ({len(overrides)} overrides); log: {log}",
+          flush=True)
     with open(log, "w") as out:
         result = submit_stage(stage, config, overrides, stream=out)
     print(f"    {result.status} in {time.time() - t:.0f}s (job {result.job_id})", flush=True)
@@ -169,17 +175,22 @@ def main(cfg: DemoConfig) -> DemoResult:
     data_run = run_of_job(job)
     dataset_version = data_run.data.tags[registry.TAG_DATASET_VERSION]
     manifest = data_run.data.tags[registry.TAG_DATASET_MANIFEST]
-    counts = {k: int(v) for k, v in data_run.data.metrics.items() if k in ("read", "rejected", "deduplicated",
-                                                                           "written_examples")}
+    from data.prepared import load_manifest
+
+    facts = load_manifest(manifest)
+    counts = {k: int(facts["counts"][k]) for k in ("read", "rejected", "deduplicated", "written_examples")}
+    counts.update({f"{split} rows": int(facts["splits"][split]["rows"]) for split in ("train", "eval")})
     print(f"    dataset {dataset_version}: {counts}")
 
     common = [f"model.path={base_ref}", f"data.manifest_uri={manifest}", f"checkpoint.storage_path={work / 'train'}"]
     step(f"Tune search ({cfg.tune_samples} trials, ASHA)")
     search = f"demo-search-{int(time.time())}"
     job = run_stage("tune", "configs/tune/tiny.yaml", [
-        f"search_name={search}", f"num_samples={cfg.tune_samples}", "register_as=",
-        f"train_overrides=[train.epochs=1,train.eval_every_steps=4,train.checkpoint_every_steps=4,"
-        f"{','.join(common + cfg.train_overrides)}]",
+        # The search registers its best trial as <model_name>-tune; the best configuration is then trained
+        # in full below and registered as <model_name>, the version that gets promoted.
+        f"search_name={search}", f"num_samples={cfg.tune_samples}", f"register_as={cfg.model_name}-tune",
+        f"train_overrides=[train.eval_every_steps=4,train.checkpoint_every_steps=4,"
+        f"{','.join(common + cfg.trial_overrides + cfg.train_overrides)}]",
     ], logs)
     import mlflow
 
@@ -187,7 +198,8 @@ def main(cfg: DemoConfig) -> DemoResult:
     best = mlflow.get_run(parent.data.tags["rayline.best_run_id"])
     searched = ("optim.lr", "optim.warmup_steps", "optim.weight_decay")
     best_params = {k: best.data.params[k] for k in searched if k in best.data.params}
-    print(f"    best trial {parent.data.tags.get('rayline.best_trial')}: {best_params}")
+    print(f"    best trial {parent.data.tags.get('rayline.best_trial')}: {best_params}, registered as "
+          f"models:/{parent.data.tags.get('rayline.model_version')}")
 
     step("train the best configuration (Ray Train, FSDP2) and register it")
     run_name = f"demo-{dataset_version}-{int(time.time())}"
@@ -204,7 +216,8 @@ def main(cfg: DemoConfig) -> DemoResult:
     scores = {}
     for label, ref in (("base", base_ref), ("fine-tuned", f"models:/{cfg.model_name}/{version}")):
         run_stage("batch_infer", "configs/batch/eval_tiny.yaml", [
-            f"engine.model={ref}", f"input_uri={corpus / 'eval.jsonl'}", f"output_uri={work / 'batch' / label}"], logs)
+            f"engine.model={ref}", f"input_uri={corpus / 'eval.jsonl'}", f"output_uri={work / 'batch' / label}"], logs,
+            log_name=f"batch_infer-{label}")
         name, ver = registry.parse_model_ref(ref)[:2]
         scores[label] = float(registry.get_version(f"models:/{name}/{ver}").tags.get("eval.exact_match", "nan"))
         print(f"    {label}: exact match {scores[label]:.3f}")
@@ -223,6 +236,7 @@ def main(cfg: DemoConfig) -> DemoResult:
     result = DemoResult(
         dataset_version=dataset_version, manifest_uri=manifest, counts=counts, data_run_id=data_run.info.run_id,
         tune_parent_run_id=parent.info.run_id, best_trial=parent.data.tags.get("rayline.best_trial", ""),
+        tune_model_version=parent.data.tags.get("rayline.model_version", ""),
         best_params=best_params, train_run_id=train_run.info.run_id, model_name=cfg.model_name,
         model_version=version, exact_match=scores, rollout_s=rollout_s, question=question, answer=answer,
         served_by=served, total_s=time.time() - t0)

@@ -6,7 +6,7 @@ import os
 
 import ray
 
-from pipelines.registry import PROJECT_ROOT
+from pipelines.registry import PROJECT_ROOT, ray_job_id
 
 
 def ray_address() -> str | None:
@@ -50,7 +50,7 @@ def init_ray(**kwargs) -> None:
     if env.get("RAY_ADDRESS", "").startswith("http"):
         os.environ.pop("RAY_ADDRESS")
     runtime_env = kwargs.pop("runtime_env", None) or {}
-    if not os.environ.get("RAY_JOB_SUBMISSION_ID") and "working_dir" not in runtime_env:
+    if not ray_job_id() and "working_dir" not in runtime_env:
         env_vars = {**runtime_env.get("env_vars", {}), "PYTHONPATH": str(PROJECT_ROOT)}
         runtime_env = {**runtime_env, "env_vars": env_vars}
     try:

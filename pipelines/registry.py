@@ -6,6 +6,7 @@ stages agree on them (docs/ARCHITECTURE.md lists them).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from contextlib import contextmanager
@@ -65,8 +66,18 @@ def git_commit() -> str:
 
 
 def ray_job_id() -> str | None:
-    """The Ray job submission id when running under the Jobs API (RayJob or `ray job submit`)."""
-    return os.environ.get("RAY_JOB_SUBMISSION_ID") or None
+    """The Ray job submission id when running under the Jobs API (RayJob or `ray job submit`).
+
+    Ray's job supervisor passes it to the entrypoint in the job config's metadata
+    (RAY_JOB_CONFIG_JSON_ENV_VAR, key `job_submission_id`); RAY_JOB_SUBMISSION_ID, when set, wins.
+    """
+    if os.environ.get("RAY_JOB_SUBMISSION_ID"):
+        return os.environ["RAY_JOB_SUBMISSION_ID"]
+    try:
+        job_config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    except ValueError:
+        return None
+    return (job_config.get("metadata") or {}).get("job_submission_id") or None
 
 
 def lineage_tags(stage: str, **extra: str | None) -> dict[str, str]:

@@ -119,6 +119,7 @@ def env_vars(cfg: StackConfig) -> dict[str, str]:
         "RAY_ADDRESS": f"http://127.0.0.1:{cfg.dashboard_port}",
         **LOOPBACK_ENV,
         "RAYLINE_RAY_GCS": f"127.0.0.1:{cfg.ray_port}",
+        "RAYLINE_DASHBOARD_URL": f"http://127.0.0.1:{cfg.dashboard_port}",
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(ray_token_path(cfg)),
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{cfg.mlflow_port}",

@@ -59,8 +59,12 @@ def merge_application(serve_config: dict, current_apps: list[dict], base: dict |
 
 
 def dashboard_url(explicit: str = "") -> str:
-    """The Ray dashboard: `explicit`, else RAY_ADDRESS when it is an http URL, else http://127.0.0.1:8265."""
+    """The Ray dashboard: `explicit`, else RAY_ADDRESS when it is an http URL, else RAYLINE_DASHBOARD_URL
+    (the local stack's, forwarded to stage jobs, where Ray sets RAY_ADDRESS to the GCS), else
+    http://127.0.0.1:8265 (Ray's default, also a KubeRay head's)."""
     addr = explicit or os.environ.get("RAY_ADDRESS", "")
+    if not addr.startswith("http"):
+        addr = os.environ.get("RAYLINE_DASHBOARD_URL", "")
     return addr.rstrip("/") if addr.startswith("http") else "http://127.0.0.1:8265"
 
 

@@ -13,7 +13,6 @@ gate_s, deploy_s, verify_s, and the rendered serve config as the artifact `serve
 from __future__ import annotations
 
 import getpass
-import os
 import socket
 from datetime import datetime, timezone
 
@@ -43,8 +42,8 @@ def now_iso() -> str:
 
 def default_trigger() -> str:
     """Who started this rollout when nobody said: the Ray job, else the user and host."""
-    if os.environ.get("RAY_JOB_SUBMISSION_ID"):
-        return f"ray-job:{os.environ['RAY_JOB_SUBMISSION_ID']}"
+    if registry.ray_job_id():
+        return f"ray-job:{registry.ray_job_id()}"
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

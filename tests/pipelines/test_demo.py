@@ -17,6 +17,7 @@ from pipelines.config import to_dict
 from pipelines.demo import DemoConfig, main
 from serve import rollout_record
 from serve.deploy_target import LocalServe
+from train.tune import TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -25,8 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 def demo(local_stack, tmp_path_factory):
     stack = to_dict(local_stack)
     cfg = DemoConfig(state_dir=stack.pop("state_dir"), work_dir=str(tmp_path_factory.mktemp("demo")),
-                     model_name=f"rayline-e2e-{uuid.uuid4().hex[:6]}", n_train=3000, n_eval=100, tune_samples=2,
-                     stack_overrides=stack)
+                     model_name=f"rayline-e2e-{uuid.uuid4().hex[:6]}", n_train=3000, n_eval=100, tune_samples=3,
+                     trial_overrides=["train.max_steps=12"], stack_overrides=stack)
     try:
         yield cfg, main(cfg)
     finally:
@@ -55,6 +56,34 @@ def test_lineage_joins_dataset_run_model_version_and_deployment(demo):
     assert mv.tags[rollout_record.TAG_STATUS] == rollout_record.STATUS_DEPLOYED and mv.tags[rollout_record.TAG_DEPLOYED_AT]
     assert registry.get_alias(cfg.model_name, registry.DEFAULT_ALIAS).version == result.model_version
     assert float(mv.tags["eval.exact_match"]) == pytest.approx(result.exact_match["fine-tuned"])
+
+
+def test_tune_search_runs_asha_trials_as_child_runs_and_registers_the_best(demo):
+    """The tune stage's search (3 trials of 12 steps, ASHA deciding at each 4-step report) as the demo ran it."""
+    cfg, result = demo
+    client = registry.client()
+    parent = client.get_run(result.tune_parent_run_id)
+    search = parent.data.tags[TAG_TUNE_SEARCH]
+    assert parent.info.run_name == search and parent.info.status == "FINISHED"
+    assert parent.data.tags[registry.TAG_DATASET_VERSION] == result.dataset_version
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == 3 and len({tuple(sorted(c.data.params[k] for k in result.best_params))
+                                       for c in children}) == 3  # three different samples
+    assert all(c.data.tags[TAG_TUNE_PARENT] == parent.info.run_id for c in children)
+    # Finished trials close their runs at the planned 12 steps; trials ASHA stopped are closed KILLED.
+    finished = {c.data.tags[TAG_TUNE_TRIAL]: c for c in children if c.info.status == "FINISHED"}
+    assert finished and all(c.info.status in ("FINISHED", "KILLED") for c in children)
+    assert all(max(m.step for m in client.get_metric_history(c.info.run_id, "loss")) == 12 for c in finished.values())
+    best_eval = {t: client.get_metric_history(c.info.run_id, "eval_loss")[-1].value for t, c in finished.items()}
+    assert result.best_trial == min(best_eval, key=best_eval.get)
+
+    name, version = result.tune_model_version.split("/")
+    assert name == f"{cfg.model_name}-tune"
+    mv = registry.get_version(f"models:/{name}/{version}")
+    assert (mv.tags[TAG_TUNE_SEARCH], mv.tags[TAG_TUNE_PARENT], mv.tags[TAG_TUNE_TRIAL]) == (
+        search, parent.info.run_id, result.best_trial)
+    assert mv.run_id == finished[result.best_trial].info.run_id
+    assert mv.tags[registry.TAG_DATASET_VERSION] == result.dataset_version
 
 
 def test_fine_tune_beats_the_base_model(demo):

@@ -59,3 +59,18 @@ def test_resume_continues_the_same_run(local_stack):
     with registry.start_run("rayline-test-registry", name, resume=True) as second:
         pass
     assert first.info.run_id == second.info.run_id
+
+
+def test_ray_job_id_comes_from_the_job_supervisors_metadata(monkeypatch):
+    import json
+
+    monkeypatch.delenv("RAY_JOB_SUBMISSION_ID", raising=False)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert registry.ray_job_id() is None
+    # What Ray 2.60's job supervisor sets in the entrypoint's environment.
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {}, "metadata": {
+        "job_submission_id": "raysubmit_abc", "job_name": "raysubmit_abc"}}))
+    assert registry.ray_job_id() == "raysubmit_abc"
+    assert registry.lineage_tags("data")[registry.TAG_RAY_JOB_ID] == "raysubmit_abc"
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{not json")
+    assert registry.ray_job_id() is None
