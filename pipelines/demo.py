@@ -36,13 +36,14 @@ class DemoConfig:
     """Where the corpus, the base model and stage outputs go (local disk: the embedded default)."""
     model_name: str = "rayline-tiny"
     seed: int = 0
-    n_train: int = 4000
-    n_eval: int = 200
+    n_train: int = 3000
+    n_eval: int = 100
     tune_samples: int = 3
     train_overrides: list[str] = field(default_factory=list)
     """Extra TrainConfig overrides for the tune trials and the final run."""
-    trial_overrides: list[str] = field(default_factory=lambda: ["train.epochs=1"])
-    """TrainConfig overrides for the tune trials only (shorter than the final run)."""
+    trial_overrides: list[str] = field(default_factory=lambda: ["train.max_steps=12"])
+    """TrainConfig overrides for the tune trials only: 12 steps, ASHA deciding at each 4-step report (the
+    final run trains the best configuration for the config's 3 epochs)."""
     stack_overrides: dict[str, Any] = field(default_factory=dict)
 
 

@@ -76,6 +76,33 @@ def save_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: to
         (directory / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2))
 
 
+CHECKPOINT_PREFIX = "checkpoint_step"
+
+
+def checkpoint_files(world_size: int) -> set[str]:
+    """The files a complete checkpoint of `world_size` ranks holds (DCP shards, RNG states, trainer state)."""
+    return {".metadata", TRAINER_STATE, *(f"__{r}_0.distcp" for r in range(world_size)),
+            *(f"rng_rank{r}.pt" for r in range(world_size))}
+
+
+def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
+    """The newest `checkpoint_step*` directory under `run_uri` that holds every rank's files, by name.
+
+    Ray Train registers a reported checkpoint when its controller next polls the workers, so a worker
+    that dies right after `ray.train.report` can leave a complete checkpoint in storage that Ray does not
+    know of; resuming from it keeps the work instead of redoing it from an older one.
+    """
+    from pipelines import storage
+
+    needed, found = checkpoint_files(world_size), {}
+    for rel in storage.list_files(run_uri):
+        top, _, name = rel.partition("/")
+        if top.startswith(CHECKPOINT_PREFIX) and name:
+            found.setdefault(top, set()).add(name)
+    complete = sorted(d for d, names in found.items() if needed <= names)
+    return complete[-1] if complete else None
+
+
 def read_trainer_state(directory: str | Path) -> TrainerState:
     path = Path(directory) / TRAINER_STATE
     if not path.exists():

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from pipelines import storage
 from pipelines.config import from_dict
-from train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from train.checkpoint import TrainerState, latest_complete_checkpoint, load_checkpoint, save_checkpoint
 from train.config import TrainConfig
 from train.export import export_model
 from train.fault_injection import maybe_kill_worker
@@ -108,6 +108,17 @@ def _model_dir(plan: RunPlan, local_rank: int) -> str:
     return storage.local_copy(plan.model_uri, cache)
 
 
+def _resume_checkpoint(registered, run_uri: str, world: int):
+    """Ray Train's latest registered checkpoint, or a newer complete one it had not registered yet."""
+    import ray.train
+
+    newest = latest_complete_checkpoint(run_uri, world)
+    if newest is None or (registered is not None and Path(registered.path).name >= newest):
+        return registered
+    fs, path = storage.resolve(storage.join(run_uri, newest))
+    return ray.train.Checkpoint(path=path, filesystem=fs)
+
+
 def train_fn_per_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
@@ -129,7 +140,7 @@ def train_fn_per_worker(config: dict) -> None:
     logger = MetricLogger(config.get("mlflow_run_id") if rank == 0 else None)
 
     state = TrainerState(world_size=world)
-    checkpoint = ray.train.get_checkpoint()
+    checkpoint = _resume_checkpoint(ray.train.get_checkpoint(), plan.run_uri, world)
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
             state = load_checkpoint(ckpt_dir, model, optimizer, scheduler, rank)

@@ -26,8 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 def demo(local_stack, tmp_path_factory):
     stack = to_dict(local_stack)
     cfg = DemoConfig(state_dir=stack.pop("state_dir"), work_dir=str(tmp_path_factory.mktemp("demo")),
-                     model_name=f"rayline-e2e-{uuid.uuid4().hex[:6]}", n_train=3000, n_eval=100, tune_samples=3,
-                     trial_overrides=["train.max_steps=12"], stack_overrides=stack)
+                     model_name=f"rayline-e2e-{uuid.uuid4().hex[:6]}", stack_overrides=stack)  # the demo's sizes
     try:
         yield cfg, main(cfg)
     finally:

@@ -111,11 +111,15 @@ def test_replica_failure_is_found_in_deployment_messages():
 
 
 def test_dashboard_url_comes_from_ray_address(monkeypatch):
+    monkeypatch.delenv("RAYLINE_DASHBOARD_URL", raising=False)
     monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8275")
     assert dashboard_url() == "http://127.0.0.1:8275"
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a GCS address is not the dashboard
     assert dashboard_url() == "http://127.0.0.1:8265"
     assert dashboard_url("http://h:1/") == "http://h:1"
+    # Inside a Ray job RAY_ADDRESS is the GCS; the stack's dashboard comes in RAYLINE_DASHBOARD_URL.
+    monkeypatch.setenv("RAYLINE_DASHBOARD_URL", "http://127.0.0.1:8275/")
+    assert dashboard_url() == "http://127.0.0.1:8275"
 
 
 class FakeDashboard:
