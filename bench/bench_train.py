@@ -74,7 +74,7 @@ def join_ray() -> None:
     if ray_address() or os.environ.get("RAY_ADDRESS"):
         connect_ray()
     else:
-        ray.init(num_cpus=os.cpu_count(), runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        ray.init(address="local", num_cpus=os.cpu_count(), runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
 
 
 def run_rayline(cfg) -> dict:
