@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import urllib.request
@@ -107,6 +108,35 @@ def register_base_model(base: Path) -> str:
     return mv.version
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NOISE = re.compile(r"\b(INFO|WARNING|DEBUG)\b|it/s\]|row/s\]|\d+/\d+ \[|^\W*$")
+
+
+class ProgressLog:
+    """A stage's log into its file and, every `every_s` seconds, one line on stdout: the time so far and the
+    last line the stage printed itself (Ray's own INFO/WARNING records and progress bars are skipped)."""
+
+    def __init__(self, out, every_s: float = 20.0):
+        self.out, self.every_s = out, every_s
+        self.start = self.shown = time.time()
+        self.last = ""
+
+    def write(self, text: str) -> int:
+        self.out.write(text)
+        for line in _ANSI.sub("", text).splitlines():
+            line = line.strip()
+            if line and not _NOISE.search(line):
+                self.last = line[:140]
+        now = time.time()
+        if self.last and now - self.shown >= self.every_s:
+            print(f"    ... {now - self.start:.0f}s: {self.last}", flush=True)
+            self.shown = now
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
 def run_stage(stage: str, config: str, overrides: list[str], logs: Path, log_name: str = "") -> str:
     """Submit a stage as a Ray job, stream its log to a file, and return the job id; raise with the log tail on failure."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -115,7 +145,7 @@ def run_stage(stage: str, config: str, overrides: list[str], logs: Path, log_nam
     print(f"    ray job: python -m {stages.get_stage(stage).module} --config {config} ({len(overrides)} overrides); log: {log}",
           flush=True)
     with open(log, "w") as out:
-        result = submit_stage(stage, config, overrides, stream=out)
+        result = submit_stage(stage, config, overrides, stream=ProgressLog(out))
     print(f"    {result.status} in {time.time() - t:.0f}s (job {result.job_id})", flush=True)
     if result.status != "SUCCEEDED":
         tail = "\n".join(log.read_text().splitlines()[-25:])
@@ -133,6 +163,25 @@ def run_of_job(job_id: str):
     if not runs:
         raise StageFailed(f"job {job_id} left no MLflow run tagged {registry.TAG_RAY_JOB_ID}")
     return runs[0]
+
+
+def data_run_of_job(job_id: str, log: Path):
+    """The data stage's run: the job's own, or, when the job found its version already prepared (a second
+    demo on the same corpus), the run that prepared it, found by the manifest the job printed."""
+    import mlflow
+
+    try:
+        return run_of_job(job_id)
+    except StageFailed:
+        printed = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines() if ln.startswith("manifest: ")]
+        if not printed:
+            raise
+        runs = mlflow.search_runs(search_all_experiments=True, output_format="list", order_by=["attributes.start_time ASC"],
+                                  filter_string=f"tags.`{registry.TAG_DATASET_MANIFEST}` = '{printed[-1].strip()}' "
+                                                f"and tags.`{registry.TAG_STAGE}` = 'data'")
+        if not runs:
+            raise StageFailed(f"job {job_id}: no MLflow data run for {printed[-1]}") from None
+        return runs[0]
 
 
 def promote(name: str, version: str, alias: str = registry.DEFAULT_ALIAS) -> None:
@@ -173,7 +222,7 @@ def main(cfg: DemoConfig) -> DemoResult:
     job = run_stage("data", "configs/data/sample.yaml", [
         f"inputs=[{corpus / 'train.jsonl'},{corpus / 'malformed.jsonl'}]", f"eval_inputs=[{corpus / 'eval.jsonl'}]",
         f"output_uri={work / 'prepared'}", f"tokenizer={inputs['base_model']}"], logs)
-    data_run = run_of_job(job)
+    data_run = data_run_of_job(job, logs / "data.log")
     dataset_version = data_run.data.tags[registry.TAG_DATASET_VERSION]
     manifest = data_run.data.tags[registry.TAG_DATASET_MANIFEST]
     from data.prepared import load_manifest

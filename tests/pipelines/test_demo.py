@@ -101,3 +101,18 @@ def test_chat_answer_comes_from_the_promoted_version(demo, local_stack):
                                           max_tokens=16, temperature=0)
     assert resp.system_fingerprint == result.served_by
     assert resp.choices[0].message.content == result.answer
+
+
+def test_progress_shows_the_stages_own_lines_not_rays_records(capsys):
+    import io
+
+    from pipelines.demo import ProgressLog
+
+    log = io.StringIO()
+    progress = ProgressLog(log, every_s=0)
+    progress.write("2026-11-29 18:48:06,720\tINFO packaging.py:385 -- Ignoring upload\n")
+    assert capsys.readouterr().out == ""  # nothing of the stage's own yet
+    progress.write("\x1b[36m(RayTrainWorker pid=1)\x1b[0m step 30: eval_loss 2.7216\n"
+                   "Loading weights: 100%|##########| 38/38 [00:00<00:00, 10287.46it/s]\n")
+    assert "step 30: eval_loss 2.7216" in capsys.readouterr().out
+    assert log.getvalue().count("\n") == 3  # the file gets everything
