@@ -62,6 +62,17 @@ def test_cpu_configs_fit_two_cores(name):
     assert cfg.batch_size * cfg.max_concurrent_batches >= cfg.engine.max_num_seqs
 
 
+def test_demo_eval_fits_beside_the_serve_app():
+    """A second `make demo` evaluates while the first one's Serve app (configs/serve/tiny_cpu.yaml) serves."""
+    from serve.serve_config import Config as ServeConfig
+
+    cfg = load_config(Config, "configs/batch/eval_tiny.yaml")
+    app = load_config(ServeConfig, "configs/serve/tiny_cpu.yaml")
+    serving = app.engine.cpus_per_engine * app.autoscaling.max_replicas + app.ingress_cpus * app.ingress_replicas
+    held = cfg.engine.cpus_per_engine * cfg.num_engines + cfg.cpu_stage_num_cpus
+    assert serving + held + cfg.cpu_stage_num_cpus <= 2, (serving, held)
+
+
 @pytest.mark.parametrize("override, field", [
     (["engine.accelerator_type=H100"], "engine.accelerator_type"),
     (["engine.kv_cache_memory_bytes=0"], "engine.kv_cache_memory_bytes"),
