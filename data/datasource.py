@@ -6,39 +6,49 @@ the driver's MLflow and transformers imports.
 
 from __future__ import annotations
 
+from typing import Callable
+
+import pyarrow as pa
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from data.sources import LINES_SCHEMA, SourceFile, group_files, read_lines
+from data.sources import LINES_SCHEMA, FilePart, group_files, read_lines
 from pipelines import storage
 
 
 class LinesDatasource(Datasource):
     """Ray Data datasource over the input files: raw lines (see `data.sources.read_lines`), one read task
-    per file, or per group of files when there are many small ones."""
+    per file or part of a big one, or per group of small files, each giving one block. A `transform`
+    runs on every block inside the read task (the stage's per-record work, fused with the read so no
+    block crosses processes before it is done); `schema` is then the schema it returns."""
 
-    def __init__(self, files: list[SourceFile], block_rows: int = 8192):
+    def __init__(self, parts: list[FilePart], block_rows: int = 8192,
+                 transform: Callable[[pa.Table], pa.Table] | None = None, schema: pa.Schema = LINES_SCHEMA):
         super().__init__()
-        self.files = files
+        self.parts = parts
         self.block_rows = block_rows
+        self.transform = transform
+        self.schema = schema
 
     def estimate_inmemory_data_size(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.size for f in self.parts)
 
     @property
     def supports_distributed_reads(self) -> bool:
         # A local path exists on the driver's node only (unless it is a shared mount, which we cannot tell).
-        return all(storage.is_remote(f.uri) for f in self.files)
+        return all(storage.is_remote(f.file.uri) for f in self.parts)
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list[ReadTask]:
         tasks = []
-        for group in group_files(self.files, parallelism):
+        for group in group_files(self.parts, parallelism):
             meta = BlockMetadata(num_rows=None, size_bytes=sum(f.size for f in group), exec_stats=None,
-                                 input_files=[f.uri for f in group])
+                                 input_files=sorted({f.file.uri for f in group}))
 
-            def read(group=group, block_rows=self.block_rows):
-                for f in group:
-                    yield from read_lines(f, block_rows)
+            def read(group=group, block_rows=self.block_rows, transform=self.transform):
+                # One block per task: a shuffle downstream moves (blocks in) x (blocks out) pieces.
+                blocks = [transform(b) if transform else b for f in group for b in read_lines(f, block_rows)]
+                if blocks:
+                    yield pa.concat_tables(blocks)
 
-            tasks.append(ReadTask(read, meta, schema=LINES_SCHEMA, per_task_row_limit=per_task_row_limit))
+            tasks.append(ReadTask(read, meta, schema=self.schema, per_task_row_limit=per_task_row_limit))
         return tasks

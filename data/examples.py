@@ -10,15 +10,17 @@ from; for rejects a hash of source and line, which spreads them.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from data.records import Messages, RecordRules, Reject, content_bytes, parse_record
+from data.template import ChatRenderer
 
 TRAIN, EVAL = 0, 1
 
 EXAMPLE_SCHEMA = pa.schema([
+    ("part", pa.int32()),  # key0 % num_shards: the shard (shuffle group) the row goes to
     ("key0", pa.uint64()),  # 128-bit hash of normalised content, in two halves: exact-dedup key
     ("key1", pa.uint64()),
     ("order", pa.uint64()),  # seeded hash of the key: the deterministic shuffle order
@@ -34,45 +36,24 @@ EXAMPLE_SCHEMA = pa.schema([
 
 
 @dataclass(frozen=True)
-class TemplateSpec:
-    """How content becomes the text the tokenizer sees."""
-
-    chat_template: str | None
-    special_tokens: dict[str, str] = field(default_factory=dict)
-    eos_token: str = ""
-    append_eos: bool = True
-
-
-@dataclass(frozen=True)
 class ExamplePlan:
     """Everything the streaming half needs, shipped to every read task."""
 
     rules: RecordRules
-    template: TemplateSpec
+    renderer: ChatRenderer
     seed: int
     eval_fraction: float
     seq_len: int
+    num_shards: int = 1
 
 
-def render(content: Messages | str, template: TemplateSpec) -> tuple[str, list[int]] | Reject:
+def render(content: Messages | str, renderer: ChatRenderer) -> tuple[str, list[int]] | Reject:
     """Text for the tokenizer plus flat [start, end, ...] character spans whose tokens are labels."""
     if isinstance(content, str):
+        template = renderer.template
         text = content + (template.eos_token if template.append_eos else "")
         return text, [0, len(text)]
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    messages = [{"role": r, "content": c} for r, c in content]
-    try:
-        rendered, indices = render_jinja_template(
-            [messages], chat_template=template.chat_template, return_assistant_tokens_mask=True,
-            **template.special_tokens,
-        )
-    except Exception as e:  # a template may raise on purpose (e.g. "roles must alternate")
-        return Reject("template_error", f"{type(e).__name__}: {e}")
-    spans = [pos for start, end in indices[0] for pos in (start, end) if end > start]
-    if not spans:
-        return Reject("no_assistant_turn", "the chat template rendered no assistant ({% generation %}) text")
-    return rendered[0], spans
+    return renderer.render(content)
 
 
 def keys(content: bytes, seed: int) -> tuple[int, int, int, float]:
@@ -103,10 +84,11 @@ def to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
         result = parse_record(raw, kind, plan.rules)
         if not isinstance(result, Reject):
             content = result
-            result = render(content, plan.template)
+            result = render(content, plan.renderer)
         if isinstance(result, Reject):
             where = hashlib.blake2b(f"{source}:{line}".encode(), digest_size=8).digest()
-            values = (int.from_bytes(where, "little"), None, None, split, source, line, result.reason, result.detail,
+            key0 = int.from_bytes(where, "little")
+            values = (key0 % plan.num_shards, key0, None, None, split, source, line, result.reason, result.detail,
                       _raw_text(raw), None, None)
         else:
             text, spans = result
@@ -117,7 +99,7 @@ def to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
             # keep the raw record for those alone, so the shuffle does not carry every record twice.
             n_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))
             keep_raw = isinstance(content, list) and n_bytes + 8 >= carry_raw_from
-            values = (key0, key1, order, split, source, line, "", "",
+            values = (key0 % plan.num_shards, key0, key1, order, split, source, line, "", "",
                       _raw_text(raw) if keep_raw else None, text, spans)
         for name, value in zip(EXAMPLE_SCHEMA.names, values):
             cols[name].append(value)

@@ -3,28 +3,31 @@
     python -m pipelines.prepare_data --config configs/data/sample.yaml [key=value ...]
 
 On Ray Data, streaming: read raw lines -> validate, clean, render with the chat template and hash
-(fused with the reads) -> hash-shuffle by content hash -> per shard: exact dedup, seeded order,
+(fused with the reads) -> sort-shuffle by content hash into one block per shard -> per shard: exact dedup, seeded order,
 tokenize, pack, train/eval files and rejects -> a small stats row per shard back to the driver, which
 writes `manifest.json` last. A version whose manifest exists is returned as it is.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
 
 import ray
+from ray.data.context import ShuffleStrategy
 
 from data import manifest as mf
 from data import tracking
 from data.config import Config, content_config_hash
 from data.datasource import LinesDatasource
-from data.examples import EVAL, TRAIN, ExamplePlan, TemplateSpec, to_examples
+from data.examples import EVAL, EXAMPLE_SCHEMA, TRAIN, ExamplePlan, to_examples
 from data.prepared import load_manifest
 from data.records import RecordRules
-from data.shards import ShardBuilder, ShardPlan
-from data.sources import SourceFile, discover, hash_file
+from data.shards import ShardPlan, build_shard_row
+from data.sources import FilePart, SourceFile, discover, scan_file, split_file
+from data.template import ChatRenderer, TemplateSpec
 from data.tokens import (
     check_template,
     load_tokenizer,
@@ -49,21 +52,30 @@ class Result:
     manifest: dict = field(default_factory=dict, repr=False)
 
 
-def _pool_size(cpus: float, num_shards: int) -> tuple[int, int]:
-    """(most tokenizer actors, Rust tokenizer threads per actor) for `cpus` logical CPUs: an actor per
-    CPU (never more than there are shards to build), and the CPUs no actor can use as tokenizer threads."""
-    actors = max(1, min(int(cpus), num_shards))
-    return actors, max(1, int(cpus) // actors)
+def _task_threads(cpus: float, num_shards: int) -> int:
+    """Rust tokenizer threads (and CPUs) per shard task: the cluster's CPUs shared by the shards, so a few
+    shards on a big cluster still use it; one each when there are more shards than CPUs."""
+    return max(1, min(int(cpus) // max(num_shards, 1), 16))
 
 
-def _hash_sources(files: list[SourceFile]) -> dict[str, str]:
-    """sha256 of every input's bytes: local files here (where they are), s3:// objects as Ray tasks."""
-    remote = [f.uri for f in files if storage.is_remote(f.uri)]
-    hash_task = ray.remote(num_cpus=0.5)(hash_file)
-    refs = [hash_task.remote(uri) for uri in remote]
-    hashes = {f.uri: hash_file(f.uri) for f in files if not storage.is_remote(f.uri)}
-    hashes.update(zip(remote, ray.get(refs)))
-    return {f.uri: hashes[f.uri] for f in files}
+def _part_bytes(files: list[SourceFile], cpus: float) -> int:
+    """Bytes per read task: about four tasks per CPU, each between 8 and 256 MiB of input."""
+    return min(max(8 << 20, -(-sum(f.size for f in files) // max(4 * int(cpus), 1))), 256 << 20)
+
+
+def scan_sources(files: list[SourceFile], part_bytes: int) -> tuple[dict[str, str], list[FilePart]]:
+    """sha256 of every input's bytes and the parts the read tasks take (a file over 1.5 parts is cut at
+    line starts): local files here, where they are; s3:// objects as Ray tasks, next to the data."""
+    def cut(f: SourceFile) -> int:
+        return part_bytes if f.kind != "parquet" and f.size > 1.5 * part_bytes else 0
+
+    remote = [f for f in files if storage.is_remote(f.uri)]
+    scan_task = ray.remote(num_cpus=0.5)(scan_file)
+    refs = [scan_task.remote(f.uri, cut(f)) for f in remote]
+    scans = {f.uri: scan_file(f.uri, cut(f)) for f in files if not storage.is_remote(f.uri)}
+    scans.update(zip([f.uri for f in remote], ray.get(refs)))
+    parts = [part for f in files for part in split_file(f, scans[f.uri][1])]
+    return {f.uri: scans[f.uri][0] for f in files}, parts
 
 
 def _template_spec(cfg: Config, tok) -> TemplateSpec:
@@ -71,28 +83,34 @@ def _template_spec(cfg: Config, tok) -> TemplateSpec:
     return TemplateSpec(tok.chat_template, special, tok.eos_token or "", cfg.append_eos)
 
 
-def run_pipeline(cfg: Config, files: list[SourceFile], example_plan: ExamplePlan, shard_plan: ShardPlan,
-                 actors: int) -> list[dict]:
+def run_pipeline(parts: list[FilePart], read_tasks: int, example_plan: ExamplePlan, shard_plan: ShardPlan) -> list[dict]:
     """Run the stage on Ray Data; returns the stats of every shard (see `data.shards.build_shard`).
 
-    Two executions, so that each has every CPU. First the reads, validation and rendering (tasks) and the
-    hash shuffle by content hash, whose output stays in the object store: the shuffle is a barrier anyway,
-    so this holds nothing the shuffle would not. Then the tokenizer actors, one shard (partition) per call.
-    Started together, the actor pool would hold CPUs idle while the reads need them, and a pool holding
-    every CPU would leave the reads none at all (a deadlock on a 2-CPU machine); started after, nothing
-    upstream needs a CPU, so the pool may grow to every CPU.
+    One execution, all tasks: the read tasks validate, clean, render and hash their lines as they read them
+    (`to_examples`, fused into the datasource), a sort-based shuffle puts the rows of each `part` (content
+    hash modulo num_shards, so every copy of an example meets in one part) in a block of its own, and
+    one task per block dedups, tokenizes, packs and writes that shard. Tasks hold a CPU only while they run, so nothing can sit on every CPU
+    and starve the reads (the deadlock an actor pool risks on a 2-CPU machine), and a task-based shuffle
+    starts no aggregator actors: on a small machine those cost more than the shuffle itself.
     """
-    shards = (
-        ray.data.read_datasource(LinesDatasource(files))
-        .map_batches(to_examples, batch_format="pyarrow", batch_size=None, fn_kwargs={"plan": example_plan})
-        # Hash shuffle on the content hash: duplicates share a partition, and each partition is one block.
-        .repartition(cfg.num_shards, keys=["key0"])
-        .materialize()
-    )
-    pool = ray.data.ActorPoolStrategy(min_size=1, max_size=actors, max_tasks_in_flight_per_actor=1)
-    built = shards.map_batches(ShardBuilder, batch_format="pyarrow", batch_size=None, compute=pool, num_cpus=1,
-                                fn_constructor_kwargs={"plan": shard_plan})
-    return [json.loads(row["stats"]) for row in built.iter_rows()]
+    lines = LinesDatasource(parts, transform=functools.partial(to_examples, plan=example_plan), schema=EXAMPLE_SCHEMA)
+    context = ray.data.DataContext.get_current()
+    saved = context.shuffle_strategy
+    context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    try:
+        # A sort shuffle moves (blocks in) x (blocks out) pieces: one block per read task, and no more
+        # tasks than there are parts of `part_bytes` (Ray Data would otherwise cut the reads into 200).
+        # Fixed boundaries give exactly one block per shard; `map_groups` would sample them, and two
+        # shards sharing a block share a task while a CPU idles.
+        built = (
+            ray.data.read_datasource(lines, override_num_blocks=min(read_tasks, len(parts)))
+            .sort("part", boundaries=list(range(1, shard_plan.num_shards)))
+            .map_batches(build_shard_row, batch_size=None, batch_format="pyarrow", fn_kwargs={"plan": shard_plan},
+                         num_cpus=shard_plan.tokenizer_threads)
+        )
+        return [json.loads(row["stats"]) for row in built.iter_rows()]
+    finally:
+        context.shuffle_strategy = saved
 
 
 def main(cfg: Config) -> Result:
@@ -112,7 +130,10 @@ def main(cfg: Config) -> Result:
         check_template(tok.chat_template, f"tokenizer {cfg.tokenizer}")
     identity = tokenizer_identity(cfg.tokenizer, tok_files, tok)
 
-    source_hashes = _hash_sources(files)
+    cpus = cluster_cpus()
+    part_bytes = _part_bytes(files, cpus)
+    source_hashes, parts = scan_sources(files, part_bytes)
+    read_tasks = max(1, -(-sum(f.size for f in files) // part_bytes))
     version = mf.dataset_version(source_hashes, identity, content_config_hash(cfg))
     version_uri = storage.join(cfg.output_uri, version)
     manifest_uri = storage.join(version_uri, "manifest.json")
@@ -124,14 +145,14 @@ def main(cfg: Config) -> Result:
     if storage.exists(version_uri):
         storage.delete_tree(version_uri)  # a failed or overwritten earlier attempt: start clean
 
-    example_plan = ExamplePlan(RecordRules.from_config(cfg), _template_spec(cfg, tok), cfg.seed,
-                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len)
-    actors, threads = _pool_size(cluster_cpus(), cfg.num_shards)
+    example_plan = ExamplePlan(RecordRules.from_config(cfg), ChatRenderer.build(_template_spec(cfg, tok)), cfg.seed,
+                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, cfg.num_shards)
+    threads = _task_threads(cpus, cfg.num_shards)
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
-                           threads)
+                           threads, cfg.num_shards)
     with tracking.data_run(cfg, version, manifest_uri) as run_id:
-        totals = mf.add_up(run_pipeline(cfg, files, example_plan, shard_plan, actors))
+        totals = mf.add_up(run_pipeline(parts, read_tasks, example_plan, shard_plan))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
                                      totals, run_id)
         wall_s = time.perf_counter() - t0

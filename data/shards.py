@@ -10,6 +10,7 @@ overwrites its own output instead of adding to it, and a re-run writes the same 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import pyarrow.parquet as pq
 from data.examples import EVAL, TRAIN
 from data.packing import IGNORE, PackedRows, pack_sequences, pad_sequences
 from data.prepared import COLUMNS, ROW_SCHEMA
-from data.tokens import encode_with_labels, load_backend, set_thread_count
+from data.tokens import byte_lengths, encode_with_labels, load_backend, set_thread_count
 from pipelines import storage
 
 SPLITS = {TRAIN: "train", EVAL: "eval"}
@@ -30,7 +31,7 @@ SPLITS = {TRAIN: "train", EVAL: "eval"}
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """Everything a bucket task needs; built by the driver, shipped to every actor."""
+    """Everything a shard task needs; built by the driver, shipped to every task."""
 
     version_uri: str
     backend_json: str  # the Rust tokenizer exactly as transformers configured it (tokenizer.backend_tokenizer)
@@ -43,6 +44,7 @@ class ShardPlan:
     pad_id: int
     tokenize_batch_size: int
     tokenizer_threads: int = 1
+    num_shards: int = 1
 
 
 def dedup_examples(good: pa.Table, dedup: bool) -> tuple[pa.Table, int]:
@@ -61,13 +63,14 @@ def dedup_examples(good: pa.Table, dedup: bool) -> tuple[pa.Table, int]:
     return good.sort_by([("order", "ascending"), ("key1", "ascending")]), dropped
 
 
-def tokenize_examples(backend, examples: pa.Table, plan: ShardPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tokenize_examples(backend, examples: pa.Table, plan: ShardPlan,
+                      token_bytes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Flat ids, flat labels and lengths for every row of `examples`, in row order."""
     parts = []
     for start in range(0, examples.num_rows, plan.tokenize_batch_size):
         chunk = examples.slice(start, plan.tokenize_batch_size)
         spans = None if plan.format == "text" else chunk["spans"].to_pylist()
-        parts.append(encode_with_labels(backend, chunk["text"].to_pylist(), spans))
+        parts.append(encode_with_labels(backend, chunk["text"].to_pylist(), spans, token_bytes))
     if not parts:
         return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64)
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
@@ -115,14 +118,14 @@ def _reject_lines(table: pa.Table, reasons: list[str] | None = None, details: li
     return out
 
 
-def build_shard(group: pa.Table, backend, plan: ShardPlan) -> dict:
+def build_shard(group: pa.Table, backend, plan: ShardPlan, token_bytes: np.ndarray | None = None) -> dict:
     """Dedup, tokenize, pack and write one shard; return its counts (see `data.manifest.add_up`)."""
     shard_key = pc.min(group["key0"]).as_py()
     shard = f"{shard_key:016x}"
     is_reject = pc.not_equal(group["reason"], "")
     rejects = _reject_lines(group.filter(is_reject))
     examples, deduplicated = dedup_examples(group.filter(pc.invert(is_reject)), plan.dedup)
-    ids, labels, lengths = tokenize_examples(backend, examples, plan)
+    ids, labels, lengths = tokenize_examples(backend, examples, plan, token_bytes)
     ids, labels, lengths, kept, truncated = apply_length_policy(ids, labels, lengths, plan)
     if not kept.all():
         dropped = examples.filter(pa.array(~kept))
@@ -154,14 +157,19 @@ def build_shard(group: pa.Table, backend, plan: ShardPlan) -> dict:
     return stats
 
 
-class ShardBuilder:
-    """Ray Data callable class: loads the tokenizer once per actor, builds every shard it is given."""
+@functools.lru_cache(maxsize=2)
+def _backend(backend_json: str, threads: int):
+    """The Rust tokenizer and its token byte lengths, loaded once per worker process (tasks of a run share them)."""
+    set_thread_count(threads)
+    backend = load_backend(backend_json)
+    return backend, byte_lengths(backend)
 
-    def __init__(self, plan: ShardPlan):
-        set_thread_count(plan.tokenizer_threads)
-        self.plan = plan
-        self.backend = load_backend(plan.backend_json)
 
-    def __call__(self, partition: pa.Table) -> pa.Table:
-        """One shuffle partition (a whole shard) -> one stats row."""
-        return pa.table({"stats": [json.dumps(build_shard(partition, self.backend, self.plan))]})
+def build_shard_row(block: pa.Table, plan: ShardPlan) -> pa.Table:
+    """Ray Data `map_batches` function: one block (a whole shard) -> one row holding its stats as JSON;
+    no row for an empty block."""
+    if not block.num_rows:
+        return pa.table({"stats": pa.array([], pa.string())})
+    backend, token_bytes = _backend(plan.backend_json, plan.tokenizer_threads)
+    stats = build_shard(block, backend, plan, token_bytes)
+    return pa.table({"stats": [json.dumps(stats)]})

@@ -73,14 +73,57 @@ def discover(uris: list[str], file_format: str, split: int, field: str) -> list[
     return out
 
 
+@dataclass(frozen=True)
+class FilePart:
+    """Lines [first_line, ...) of a file, at bytes [start, end): a big JSONL or text file is read by several
+    tasks at once. Parquet files are read whole (one part)."""
+
+    file: SourceFile
+    start: int = 0
+    end: int | None = None  # None: to the end of the file
+    first_line: int = 1
+
+    @property
+    def size(self) -> int:
+        return (self.file.size if self.end is None else self.end) - self.start
+
+
 def hash_file(uri: str) -> str:
     """sha256 of a file's bytes, streamed."""
+    return scan_file(uri, 0)[0]
+
+
+def scan_file(uri: str, part_bytes: int) -> tuple[str, list[tuple[int, int]]]:
+    """sha256 of a file's bytes and, when `part_bytes` > 0, where parts of about that size start:
+    (byte offset of a line start, that line's 1-based number) at the first line start at or after every
+    multiple of `part_bytes`. One streamed pass does both, so splitting a file costs no extra read."""
     fs, path = storage.resolve(uri)
     h = hashlib.sha256()
+    cuts: list[tuple[int, int]] = []
+    target = part_bytes or None
+    offset = newlines = 0
     with fs.open_input_stream(path) as f:
         while chunk := f.read(_CHUNK_BYTES):
             h.update(chunk)
-    return h.hexdigest()
+            while target is not None and target - 1 < offset + len(chunk):
+                i = chunk.find(b"\n", max(target - 1 - offset, 0))
+                if i < 0:
+                    break  # no line ends in this chunk past the target: look on in the next one
+                start = offset + i + 1
+                cuts.append((start, newlines + chunk.count(b"\n", 0, i + 1) + 1))
+                target = (start // part_bytes + 1) * part_bytes
+            newlines += chunk.count(b"\n")
+            offset += len(chunk)
+    return h.hexdigest(), [(start, line) for start, line in cuts if start < offset]
+
+
+def split_file(f: SourceFile, cuts: list[tuple[int, int]]) -> list[FilePart]:
+    """The parts of `f` that `cuts` (from `scan_file`) mark; Parquet and uncut files are one part."""
+    if f.kind == "parquet" or not cuts:
+        return [FilePart(f)]
+    starts = [(0, 1), *cuts]
+    ends = [start for start, _ in cuts] + [None]
+    return [FilePart(f, start, end, line) for (start, line), end in zip(starts, ends)]
 
 
 def _block(f: SourceFile, lines: list[int], raws: list[bytes]) -> pa.Table:
@@ -92,8 +135,11 @@ def _block(f: SourceFile, lines: list[int], raws: list[bytes]) -> pa.Table:
     }, schema=LINES_SCHEMA)
 
 
-def read_lines(f: SourceFile, block_rows: int) -> Iterator[pa.Table]:
-    """Blocks of up to `block_rows` records from one file; line numbers are 1-based (Parquet: row index)."""
+def read_lines(part: FilePart | SourceFile, block_rows: int) -> Iterator[pa.Table]:
+    """Blocks of up to `block_rows` records from one file or part of one; line numbers are 1-based
+    (Parquet: 0-based row index)."""
+    part = part if isinstance(part, FilePart) else FilePart(part)
+    f = part.file
     fs, path = storage.resolve(f.uri)
     if f.kind == "parquet":
         row = 0
@@ -104,18 +150,21 @@ def read_lines(f: SourceFile, block_rows: int) -> Iterator[pa.Table]:
         return
     lines: list[int] = []
     raws: list[bytes] = []
-    number = 0
+    number = part.first_line - 1
     rest = b""
-    with fs.open_input_stream(path) as stream:
+    left = part.size
+    with fs.open_input_file(path) as stream:
+        stream.seek(part.start)
         while True:
-            chunk = stream.read(_CHUNK_BYTES)
+            chunk = stream.read(min(_CHUNK_BYTES, left))
+            left -= len(chunk)
             parts = (rest + chunk).split(b"\n")
-            rest = parts.pop() if chunk else b""
-            for part in parts:
+            rest = parts.pop() if chunk else b""  # a line the next chunk ends
+            for line in parts:
                 number += 1
-                if part.strip():
+                if line.strip():
                     lines.append(number)
-                    raws.append(part[:-1] if part.endswith(b"\r") else part)
+                    raws.append(line[:-1] if line.endswith(b"\r") else line)
             if len(lines) >= block_rows or (not chunk and lines):
                 yield _block(f, lines, raws)
                 lines, raws = [], []
@@ -123,12 +172,12 @@ def read_lines(f: SourceFile, block_rows: int) -> Iterator[pa.Table]:
                 return
 
 
-def group_files(files: list[SourceFile], parallelism: int) -> list[list[SourceFile]]:
-    """Files per read task: one each, unless there are many more files than tasks wanted, then
-    `parallelism` groups balanced by size (largest file first, into the currently smallest group)."""
+def group_files(files: list[FilePart], parallelism: int) -> list[list[FilePart]]:
+    """Files (or parts) per read task: one each, unless there are many more than tasks wanted, then
+    `parallelism` groups balanced by size (largest first, into the currently smallest group)."""
     if len(files) <= 2 * max(parallelism, 1):
         return [[f] for f in files]
-    groups: list[list[SourceFile]] = [[] for _ in range(max(parallelism, 1))]
+    groups: list[list[FilePart]] = [[] for _ in range(max(parallelism, 1))]
     heap = [(0, i) for i in range(len(groups))]
     for f in sorted(files, key=lambda f: -f.size):
         size, i = heapq.heappop(heap)

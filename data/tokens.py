@@ -101,6 +101,29 @@ def tokenizer_identity(name_or_path: str, files: dict[str, bytes], tok) -> dict:
     }
 
 
+def byte_lengths(backend) -> np.ndarray | None:
+    """Bytes of text each token id stands for, when the tokenizer is byte-level BPE with no normalizer
+    (GPT-2, Llama 3, Qwen and the tiny model's family): its tokens then spell the text's UTF-8 bytes end
+    to end, and label spans can be found from ids alone. None for any other tokenizer."""
+    import json
+
+    spec = json.loads(backend.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    byte_level = [p for p in steps if p.get("type") == "ByteLevel"]
+    model = spec.get("model") or {}
+    if (spec.get("normalizer") or len(byte_level) != 1 or byte_level[0].get("add_prefix_space")
+            or model.get("type") != "BPE" or model.get("byte_fallback")
+            or any(p.get("type") not in ("ByteLevel", "Digits", "Split", "Punctuation") for p in steps)):
+        return None
+    vocab = backend.get_vocab(with_added_tokens=True)
+    added = {t["content"] for t in spec.get("added_tokens", [])}
+    lengths = np.zeros(max(vocab.values()) + 1, np.int64)
+    for token, i in vocab.items():
+        lengths[i] = len(token.encode("utf-8")) if token in added else len(token)  # one char per byte
+    return lengths
+
+
 def _token_range(enc, start: int, end: int) -> tuple[int, int] | None:
     """Tokens [first, last] covering characters [start, end); chars no token covers are skipped."""
     first = next((t for c in range(start, end) if (t := enc.char_to_token(c)) is not None), None)
@@ -110,19 +133,54 @@ def _token_range(enc, start: int, end: int) -> tuple[int, int] | None:
     return first, last
 
 
-def encode_with_labels(backend, texts: list[str], spans: list[list[int]] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _flatten(id_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    return np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int32, count=int(lengths.sum())), lengths
+
+
+def _byte_labels(ids, lengths, texts: list[str], spans: list[list[int]], token_bytes: np.ndarray) -> np.ndarray | None:
+    """Labels from token byte lengths (see `byte_lengths`); None when a text's tokens do not spell its bytes."""
+    ends = np.cumsum(token_bytes[ids])
+    text_bytes = np.fromiter((len(t) if t.isascii() else len(t.encode("utf-8")) for t in texts), np.int64, len(texts))
+    last = np.cumsum(lengths) - 1
+    spelled = ends[last[lengths > 0]] if len(ids) else np.zeros(0, np.int64)
+    if not np.array_equal(spelled, np.cumsum(text_bytes)[lengths > 0]) or np.any(text_bytes[lengths == 0]):
+        return None
+    base = (np.cumsum(text_bytes) - text_bytes).tolist()
+    bounds = []
+    for text, flat, b in zip(texts, spans, base):
+        if text.isascii():
+            bounds.extend(b + pos for pos in flat)
+        else:
+            bounds.extend(b + len(text[:pos].encode("utf-8")) for pos in flat)
+    bounds = np.asarray(bounds, np.int64)
+    first = np.searchsorted(ends, bounds[0::2], side="right")  # first token ending after the span starts
+    stop = np.searchsorted(ends, bounds[1::2], side="left") + 1  # one past the token holding its last byte
+    marks = np.zeros(len(ids) + 1, np.int64)
+    np.add.at(marks, first, 1)
+    np.add.at(marks, stop, -1)
+    return np.where(np.cumsum(marks[:-1]) > 0, ids, IGNORE).astype(np.int32)
+
+
+def encode_with_labels(backend, texts: list[str], spans: list[list[int]] | None,
+                       token_bytes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Batch-encode `texts` (no special tokens added: the template has them) with the Rust tokenizer.
 
     `spans[i]` is a flat [start, end, ...] list of character spans of text i whose tokens are labels; the
-    rest is -100. `spans=None` makes every token a label (raw text). Returns flat int32 ids, flat int32
+    rest is -100. `spans=None` makes every token a label (raw text). With `token_bytes` (from
+    `byte_lengths`) labels come from the ids alone and the tokenizer skips computing offsets; a batch
+    whose tokens do not spell its texts is encoded again with offsets. Returns flat int32 ids, flat int32
     labels and int64 lengths.
     """
+    if spans is None or token_bytes is not None:
+        ids, lengths = _flatten([e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)])
+        if spans is None:
+            return ids, ids.copy(), lengths
+        labels = _byte_labels(ids, lengths, texts, spans, token_bytes)
+        if labels is not None:
+            return ids, labels, lengths
     encodings = backend.encode_batch(texts, add_special_tokens=False)
-    id_lists = [e.ids for e in encodings]
-    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-    ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int32, count=int(lengths.sum()))
-    if spans is None:
-        return ids, ids.copy(), lengths
+    ids, lengths = _flatten([e.ids for e in encodings])
     labels = np.full(len(ids), IGNORE, np.int32)
     starts = np.cumsum(lengths) - lengths
     for enc, flat, base in zip(encodings, spans, starts.tolist()):

@@ -7,10 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.examples import EVAL, TRAIN, ExamplePlan, TemplateSpec, to_examples
+from data.examples import EVAL, TRAIN, ExamplePlan, to_examples
 from data.records import RecordRules
 from data.shards import ShardPlan, build_shard
 from data.sources import LINES_SCHEMA
+from data.template import ChatRenderer, TemplateSpec
 from data.tokens import IGNORE, load_backend, load_tokenizer, read_tokenizer_files
 
 
@@ -35,7 +36,7 @@ def lines_block(records):
 def run_shard(tmp_path, tokenizer, records, fmt="chat", seq_len=64, packing="pack", truncate=False, eval_fraction=0.0):
     files, tok = tokenizer
     spec = TemplateSpec(tok.chat_template, dict(tok.special_tokens_map), tok.eos_token)
-    plan = ExamplePlan(RecordRules(format=fmt), spec, seed=3, eval_fraction=eval_fraction, seq_len=seq_len)
+    plan = ExamplePlan(RecordRules(format=fmt), ChatRenderer.build(spec), seed=3, eval_fraction=eval_fraction, seq_len=seq_len)
     group = to_examples(lines_block(records), plan)
     shard = ShardPlan(str(tmp_path / "v1"), tok.backend_tokenizer.to_str(), fmt, seq_len, packing, truncate, True, 3,
                       tok.pad_token_id, tokenize_batch_size=4)

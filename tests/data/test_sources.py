@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.sources import SourceFile, discover, group_files, hash_file, read_lines
+import data.sources
+from data.sources import SourceFile, discover, group_files, hash_file, read_lines, scan_file, split_file
 
 
 def rows(f, block_rows=1000):
@@ -65,3 +66,24 @@ def test_hash_and_read_task_groups(tmp_path):
     assert sorted(f.uri for g in groups for f in g) == sorted(f.uri for f in files)
     assert abs(sum(f.size for f in groups[0]) - sum(f.size for f in groups[1])) <= files[0].size
     assert group_files(files[:3], 2) == [[f] for f in files[:3]]
+
+
+@pytest.mark.parametrize("chunk_bytes", [7, 64, 8 << 20])
+@pytest.mark.parametrize("part_bytes", [1, 5, 13, 40, 1000])
+def test_parts_of_a_file_read_exactly_its_lines(tmp_path, monkeypatch, chunk_bytes, part_bytes):
+    monkeypatch.setattr(data.sources, "_CHUNK_BYTES", chunk_bytes)
+    p = tmp_path / "big.jsonl"
+    lines = [b'{"i": %d, "pad": "%s"}' % (i, b"x" * (i * 7 % 23)) for i in range(40)]
+    lines[5], lines[9] = b"", b"   "  # blank lines are separators, not records, but still count
+    lines[12] += b"\r"
+    p.write_bytes(b"\n".join(lines))  # no final newline
+    f = SourceFile(str(p), "jsonl", 0, p.stat().st_size)
+    digest, cuts = scan_file(f.uri, part_bytes)
+    assert digest == hash_file(f.uri)
+    parts = split_file(f, cuts)
+    assert len(parts) > 1 or part_bytes == 1000
+    assert sum(part.size for part in parts) == f.size
+    assert all(part.size > 0 for part in parts)
+    whole = rows(f)
+    assert [r for part in parts for r in rows(part, block_rows=3)] == whole
+    assert [r["line"] for r in whole] == [i + 1 for i in range(40) if i not in (5, 9)]

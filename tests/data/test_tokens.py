@@ -3,10 +3,12 @@
 import numpy as np
 import pytest
 
-from data.examples import TemplateSpec, render
+from data.examples import render
+from data.template import ChatRenderer, TemplateSpec
 from data.records import Reject
 from data.tokens import (
     IGNORE,
+    byte_lengths,
     check_template,
     encode_with_labels,
     load_backend,
@@ -25,21 +27,29 @@ def tok(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def spec(tok):
-    return TemplateSpec(tok.chat_template, dict(tok.special_tokens_map), tok.eos_token)
+    return ChatRenderer.build(TemplateSpec(tok.chat_template, dict(tok.special_tokens_map), tok.eos_token))
 
 
 def conversations():
     convs = [[(m["role"], m["content"]) for m in r["messages"]] for r in make_records(60, 3, "t")]
     convs.append([("user", "hi"), ("assistant", "")])  # an empty assistant turn: only its end token is a label
     convs.append([("system", "Terse."), ("user", "a"), ("assistant", "b c"), ("user", "more 12?"), ("assistant", "yes")])
+    convs.append([("user", "Grüße, naïve ☃?"), ("assistant", "Ça va ✓ 日本")])  # multi-byte characters
     return convs
 
 
-def test_ids_and_masks_equal_apply_chat_template(tok, spec):
+@pytest.mark.parametrize("labels_from", ["offsets", "byte lengths", "wrong byte lengths"])
+def test_ids_and_masks_equal_apply_chat_template(tok, spec, labels_from):
     convs = conversations()
     texts, spans = zip(*(render(c, spec) for c in convs))
     # The workers' tokenizer: the backend rebuilt from JSON, without transformers around it.
-    ids, labels, lengths = encode_with_labels(load_backend(tok.backend_tokenizer.to_str()), list(texts), list(spans))
+    backend = load_backend(tok.backend_tokenizer.to_str())
+    token_bytes = byte_lengths(backend)
+    assert token_bytes is not None  # the tiny model's tokenizer is byte-level BPE
+    if labels_from == "wrong byte lengths":
+        token_bytes = token_bytes + 1  # tokens that do not spell the text: found, and offsets used instead
+    ids, labels, lengths = encode_with_labels(backend, list(texts), list(spans),
+                                              None if labels_from == "offsets" else token_bytes)
     start = 0
     for conv, n in zip(convs, lengths.tolist()):
         ref = tok.apply_chat_template([{"role": r, "content": c} for r, c in conv], tokenize=True,
@@ -61,7 +71,7 @@ def test_labels_decode_to_assistant_turns_only(tok, spec):
 
 
 def test_raw_text_labels_every_token(tok):
-    spec = TemplateSpec(None, {}, tok.eos_token)
+    spec = ChatRenderer.build(TemplateSpec(None, {}, tok.eos_token))
     text, spans = render("plain words for pre-training", spec)
     assert text.endswith(tok.eos_token) and spans == [0, len(text)]
     ids, labels, lengths = encode_with_labels(tok.backend_tokenizer, [text], None)
@@ -69,7 +79,7 @@ def test_raw_text_labels_every_token(tok):
 
 
 def test_template_errors_become_rejects():
-    spec = TemplateSpec("{{ raise_exception('roles must alternate') }}", {}, "")
+    spec = ChatRenderer.build(TemplateSpec("{{ raise_exception('roles must alternate') }}", {}, ""))
     result = render([("user", "a"), ("assistant", "b")], spec)
     assert isinstance(result, Reject) and result.reason == "template_error" and "alternate" in result.detail
 
@@ -94,3 +104,15 @@ def test_missing_tokenizer_path_names_it(tmp_path):
         read_tokenizer_files(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_tokenizer_files(str(tmp_path / "nope" / "deeper"))
+
+
+def test_byte_lengths_only_for_byte_level_bpe():
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    wordpiece.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert byte_lengths(wordpiece) is None
+    lowercased = Tokenizer(models.BPE({"a": 0}, []))
+    lowercased.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    lowercased.normalizer = normalizers.Lowercase()
+    assert byte_lengths(lowercased) is None
