@@ -153,35 +153,37 @@ def run_stage(stage: str, config: str, overrides: list[str], logs: Path, log_nam
     return result.job_id
 
 
-def run_of_job(job_id: str):
-    """The MLflow run a stage job created (runs carry `rayline.ray_job_id`)."""
+def _first_run(filter_string: str):
+    """The oldest MLflow run in any experiment that matches `filter_string`, or None."""
     import mlflow
 
-    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
-                              filter_string=f"tags.`{registry.TAG_RAY_JOB_ID}` = '{job_id}'",
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list", filter_string=filter_string,
                               order_by=["attributes.start_time ASC"])
-    if not runs:
+    return runs[0] if runs else None
+
+
+def run_of_job(job_id: str):
+    """The MLflow run a stage job created (runs carry `rayline.ray_job_id`)."""
+    run = _first_run(f"tags.`{registry.TAG_RAY_JOB_ID}` = '{job_id}'")
+    if run is None:
         raise StageFailed(f"job {job_id} left no MLflow run tagged {registry.TAG_RAY_JOB_ID}")
-    return runs[0]
+    return run
 
 
 def data_run_of_job(job_id: str, log: Path):
     """The data stage's run: the job's own, or, when the job found its version already prepared (a second
     demo on the same corpus), the run that prepared it, found by the manifest the job printed."""
-    import mlflow
-
     try:
         return run_of_job(job_id)
     except StageFailed:
         printed = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines() if ln.startswith("manifest: ")]
         if not printed:
             raise
-        runs = mlflow.search_runs(search_all_experiments=True, output_format="list", order_by=["attributes.start_time ASC"],
-                                  filter_string=f"tags.`{registry.TAG_DATASET_MANIFEST}` = '{printed[-1].strip()}' "
-                                                f"and tags.`{registry.TAG_STAGE}` = 'data'")
-        if not runs:
+        run = _first_run(f"tags.`{registry.TAG_DATASET_MANIFEST}` = '{printed[-1].strip()}' "
+                         f"and tags.`{registry.TAG_STAGE}` = 'data'")
+        if run is None:
             raise StageFailed(f"job {job_id}: no MLflow data run for {printed[-1]}") from None
-        return runs[0]
+        return run
 
 
 def promote(name: str, version: str, alias: str = registry.DEFAULT_ALIAS) -> None:

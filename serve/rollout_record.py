@@ -42,8 +42,9 @@ def now_iso() -> str:
 
 def default_trigger() -> str:
     """Who started this rollout when nobody said: the Ray job, else the user and host."""
-    if registry.ray_job_id():
-        return f"ray-job:{registry.ray_job_id()}"
+    job_id = registry.ray_job_id()
+    if job_id:
+        return f"ray-job:{job_id}"
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

@@ -38,7 +38,7 @@ def smoke_request(base_url: str, model_id: str, prompt: str, timeout_s: float = 
 
 def wait_until_healthy(
     state: Callable[[], AppState], expected: ServedModel, timeout_s: float, fail_fast: bool = True,
-    applied_at: float | None = None, poll_s: float = 2.0,
+    applied_at: float | None = None, poll_s: float = 1.0,
 ) -> VerifyOutcome:
     """Poll the target until the app runs `expected` (RUNNING), has failed, or `timeout_s` passes."""
     start = time.time()
@@ -66,7 +66,7 @@ def wait_until_healthy(
 
 
 def wait_until_answering(base_url: str, model_id: str, expected_label: str, prompt: str, timeout_s: float,
-                         poll_s: float = 1.0) -> VerifyOutcome:
+                         poll_s: float = 0.5) -> VerifyOutcome:
     """Send smoke requests until one is answered with `system_fingerprint == expected_label`."""
     start = time.time()
     last = ""

@@ -108,11 +108,17 @@ def _model_dir(plan: RunPlan, local_rank: int) -> str:
     return storage.local_copy(plan.model_uri, cache)
 
 
-def _resume_checkpoint(registered, run_uri: str, world: int):
-    """Ray Train's latest registered checkpoint, or a newer complete one it had not registered yet."""
+def _resume_checkpoint(registered, run_uri: str, rank: int, world: int):
+    """Ray Train's latest registered checkpoint, or a newer complete one it had not registered yet.
+
+    Rank 0 looks and tells the others, so every rank resumes from the same step even if a checkpoint
+    completes in storage while they start."""
     import ray.train
 
-    newest = latest_complete_checkpoint(run_uri, world)
+    found = [latest_complete_checkpoint(run_uri, world) if rank == 0 else None]
+    if dist.is_initialized() and world > 1:
+        dist.broadcast_object_list(found, src=0)
+    newest = found[0]
     if newest is None or (registered is not None and Path(registered.path).name >= newest):
         return registered
     fs, path = storage.resolve(storage.join(run_uri, newest))
@@ -140,7 +146,7 @@ def train_fn_per_worker(config: dict) -> None:
     logger = MetricLogger(config.get("mlflow_run_id") if rank == 0 else None)
 
     state = TrainerState(world_size=world)
-    checkpoint = _resume_checkpoint(ray.train.get_checkpoint(), plan.run_uri, world)
+    checkpoint = _resume_checkpoint(ray.train.get_checkpoint(), plan.run_uri, rank, world)
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
             state = load_checkpoint(ckpt_dir, model, optimizer, scheduler, rank)
