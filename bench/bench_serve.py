@@ -1,7 +1,7 @@
 """Serving: rayline's Ray Serve LLM app vs vLLM's own OpenAI server, same `small` model, same engine, same load.
 
     python -m pipelines.stack up                 # the local stack (Ray head + MLflow), or export another stack's env
-    python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--skip-rollout]
+    python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--skip-rollout | --rollout-only]
 
 Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
 (ignore_eos) from `--concurrency` concurrent clients on loopback; reported: output tokens/s and
@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--work-dir", default=str(Path.home() / ".cache" / "rayline" / "bench"),
                    help="where the models and the vLLM server log go")
     p.add_argument("--skip-rollout", action="store_true")
+    p.add_argument("--rollout-only", action="store_true", help="only the rollout time (no load, no vLLM server)")
     args = p.parse_args(argv)
     # Stopped by a signal, still run the `finally`s: the vLLM server and the Serve app go away with us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -253,6 +254,11 @@ def main(argv: list[str] | None = None) -> dict:
 
         build_tiny_model(model_dir, "small", seed=0)
     engine_cfg = from_dict(eng.EngineConfig, {"model": str(model_dir), **ENGINE})
+
+    if args.rollout_only:
+        rollout_s = bench_rollout(work)
+        print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
+        return {"vllm": [], "rayline": [], "rollout_s": rollout_s, "ratios": {}}
 
     # Both servers stay up and take turns, per concurrency, so drifting load on a shared machine
     # hits both alike; the idle one costs next to nothing.
