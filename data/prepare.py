@@ -83,16 +83,20 @@ def _template_spec(cfg: Config, tok) -> TemplateSpec:
     return TemplateSpec(tok.chat_template, special, tok.eos_token or "", cfg.append_eos)
 
 
-def run_pipeline(parts: list[FilePart], read_tasks: int, example_plan: ExamplePlan, shard_plan: ShardPlan) -> list[dict]:
+def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePlan,
+                 shard_plan: ShardPlan) -> list[dict]:
     """Run the stage on Ray Data; returns the stats of every shard (see `data.shards.build_shard`).
 
     One execution, all tasks: the read tasks validate, clean, render and hash their lines as they read them
     (`to_examples`, fused into the datasource), a sort-based shuffle puts the rows of each `part` (content
     hash modulo num_shards, so every copy of an example meets in one part) in a block of its own, and
-    one task per block dedups, tokenizes, packs and writes that shard. Tasks hold a CPU only while they run, so nothing can sit on every CPU
-    and starve the reads (the deadlock an actor pool risks on a 2-CPU machine), and a task-based shuffle
-    starts no aggregator actors: on a small machine those cost more than the shuffle itself.
+    one task per block dedups, tokenizes, packs and writes that shard. Tasks hold a CPU only while they
+    run, so nothing can sit on every CPU and starve the reads (the deadlock an actor pool risks on a 2-CPU
+    machine), and a task-based shuffle starts no aggregator actors: on a small machine those cost more
+    than the shuffle itself.
     """
+    # About one read task per `part_bytes` of input (small files grouped, big ones already cut).
+    read_tasks = min(len(parts), max(1, -(-sum(p.size for p in parts) // part_bytes)))
     lines = LinesDatasource(parts, transform=functools.partial(to_examples, plan=example_plan), schema=EXAMPLE_SCHEMA)
     context = ray.data.DataContext.get_current()
     saved = context.shuffle_strategy
@@ -103,7 +107,7 @@ def run_pipeline(parts: list[FilePart], read_tasks: int, example_plan: ExamplePl
         # Fixed boundaries give exactly one block per shard; `map_groups` would sample them, and two
         # shards sharing a block share a task while a CPU idles.
         built = (
-            ray.data.read_datasource(lines, override_num_blocks=min(read_tasks, len(parts)))
+            ray.data.read_datasource(lines, override_num_blocks=read_tasks)
             .sort("part", boundaries=list(range(1, shard_plan.num_shards)))
             .map_batches(build_shard_row, batch_size=None, batch_format="pyarrow", fn_kwargs={"plan": shard_plan},
                          num_cpus=shard_plan.tokenizer_threads)
@@ -133,7 +137,6 @@ def main(cfg: Config) -> Result:
     cpus = cluster_cpus()
     part_bytes = _part_bytes(files, cpus)
     source_hashes, parts = scan_sources(files, part_bytes)
-    read_tasks = max(1, -(-sum(f.size for f in files) // part_bytes))
     version = mf.dataset_version(source_hashes, identity, content_config_hash(cfg))
     version_uri = storage.join(cfg.output_uri, version)
     manifest_uri = storage.join(version_uri, "manifest.json")
@@ -152,7 +155,7 @@ def main(cfg: Config) -> Result:
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
                            threads, cfg.num_shards)
     with tracking.data_run(cfg, version, manifest_uri) as run_id:
-        totals = mf.add_up(run_pipeline(parts, read_tasks, example_plan, shard_plan))
+        totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
                                      totals, run_id)
         wall_s = time.perf_counter() - t0

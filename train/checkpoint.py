@@ -64,6 +64,10 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def rng_file_name(rank: int) -> str:
+    return f"rng_rank{rank}.pt"
+
+
 def save_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: TrainerState, rank: int) -> None:
     """Collective: every rank writes its shards (and RNG state) into `directory`; rank 0 adds the trainer state."""
@@ -71,7 +75,7 @@ def save_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: to
     directory.mkdir(parents=True, exist_ok=True)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
-    torch.save(rng_state(), directory / f"rng_rank{rank}.pt")
+    torch.save(rng_state(), directory / rng_file_name(rank))
     if rank == 0:
         (directory / TRAINER_STATE).write_text(json.dumps(asdict(state), indent=2))
 
@@ -79,10 +83,15 @@ def save_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: to
 CHECKPOINT_PREFIX = "checkpoint_step"
 
 
+def checkpoint_name(step: int) -> str:
+    """The directory name of the checkpoint taken at `step` (names sort by step)."""
+    return f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
 def checkpoint_files(world_size: int) -> set[str]:
     """The files a complete checkpoint of `world_size` ranks holds (DCP shards, RNG states, trainer state)."""
     return {".metadata", TRAINER_STATE, *(f"__{r}_0.distcp" for r in range(world_size)),
-            *(f"rng_rank{r}.pt" for r in range(world_size))}
+            *(rng_file_name(r) for r in range(world_size))}
 
 
 def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
@@ -122,7 +131,7 @@ def load_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: to
     set_state_dict(model, optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optim"])
     if state.scheduler:
         scheduler.load_state_dict(state.scheduler)
-    rng_file = directory / f"rng_rank{rank}.pt"
+    rng_file = directory / rng_file_name(rank)
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))
     return state

@@ -17,7 +17,13 @@ import torch.distributed as dist
 
 from pipelines import storage
 from pipelines.config import from_dict
-from train.checkpoint import TrainerState, latest_complete_checkpoint, load_checkpoint, save_checkpoint
+from train.checkpoint import (
+    TrainerState,
+    checkpoint_name,
+    latest_complete_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from train.config import TrainConfig
 from train.export import export_model
 from train.fault_injection import maybe_kill_worker
@@ -82,7 +88,7 @@ def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank
     """Save this rank's part of a DCP checkpoint and report it (a barrier across ranks)."""
     import ray.train
 
-    name = f"checkpoint_step{state.step:06d}"
+    name = checkpoint_name(state.step)
     local = root / name
     save_checkpoint(local, model, optimizer, state, rank)
     fingerprint = adam_state_summary(optimizer)
