@@ -11,7 +11,9 @@ tokens, exact: per-request max_tokens with ignore_eos). Output tokens per second
   (c) rayline's stage (`serve.batch.pipeline.main` on its own local Ray): steady state over the engine's busy
       time, and end to end including Ray start, model resolution, engine start-up and writing Parquet.
 The end-to-end ratio is (c) end to end over (b) end to end.
-(b) and (c) use the same engine settings (serve/engine.py), each part runs in its own process, one at a time.
+(b) and (c) use the same engine settings (serve/engine.py: one compute thread for an engine that reserves one
+CPU), each part runs in its own process, one at a time. (b') is (b) with a compute thread per core, plain
+vLLM's default; (a) runs torch's default (a thread per core) too.
 """
 
 from __future__ import annotations
@@ -89,15 +91,19 @@ def part_hf(w: dict, n: int) -> dict:
     return out
 
 
-def part_vllm(w: dict) -> dict:
-    """(b) one process, one `LLM.generate` call over all prompts with per-request SamplingParams."""
+def part_vllm(w: dict, all_cores: bool = False) -> dict:
+    """(b) one process, one `LLM.generate` call over all prompts with per-request SamplingParams; with
+    `all_cores`, one compute thread per core (plain vLLM's own default) instead of the engine config's."""
     from pipelines.config import from_dict
     from serve import engine as eng
 
-    texts, lengths = chat_prompts(w["model"], w["prompts"])
-    cfg = from_dict(eng.EngineConfig, {"model": w["model"], **ENGINE})
-    # The same engine environment as rayline's engine actor, set before torch/vLLM load (OpenMP reads it then).
+    threads = {"env_vars": {"OMP_NUM_THREADS": str(os.cpu_count())}} if all_cores else {}
+    cfg = from_dict(eng.EngineConfig, {"model": w["model"], **ENGINE, **threads})
+    # The same engine environment as rayline's engine actor, set before anything imports torch (transformers
+    # does): torch reads OMP_NUM_THREADS once, at import, and would otherwise run one thread per core.
+    assert "torch" not in sys.modules, "torch was imported before the engine environment was set"
     os.environ.update(eng.runtime_env(cfg).get("env_vars", {}))
+    texts, lengths = chat_prompts(w["model"], w["prompts"])
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams  # imported in the clock: rayline's engine actor pays this import too
 
@@ -159,18 +165,19 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=512)
     p.add_argument("--work", type=Path, default=Path("/tmp/rayline-bench"))
     p.add_argument("--hf-prompts", type=int, default=128, help="prompts (a) runs: at ~50 tok/s all 512 take an hour")
-    p.add_argument("--part", choices=["hf", "vllm", "rayline"], help=argparse.SUPPRESS)
+    p.add_argument("--part", choices=["hf", "vllm", "vllm-all-cores", "rayline"], help=argparse.SUPPRESS)
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     w = workload(args.work, args.prompts)
     if args.part:
         parts = {"hf": lambda: part_hf(w, args.hf_prompts), "vllm": lambda: part_vllm(w),
-                 "rayline": lambda: part_rayline(w, args.work)}
+                 "vllm-all-cores": lambda: part_vllm(w, all_cores=True), "rayline": lambda: part_rayline(w, args.work)}
         result = parts[args.part]()
         print("RESULT " + json.dumps(result), flush=True)
         return
 
     hf, vllm, rl = run_part("hf", args), run_part("vllm", args), run_part("rayline", args)
+    vllm_all = run_part("vllm-all-cores", args)
     print(f"\nworkload: {args.prompts} prompts, {sum(w['lengths']):,} output tokens (16-256 each), small model, "
           f"dtype {ENGINE['dtype']}, {os.cpu_count()} CPUs")
     print(f"(a) hf generate, static batches:  {hf['tokens_per_s']:8.1f} tok/s "
@@ -179,10 +186,13 @@ def main() -> None:
           f"{vllm['e2e_tokens_per_s']:.1f} tok/s end to end (import + engine start {vllm['startup_s']:.1f} s)")
     print(f"(c) rayline batch stage:          {rl['tokens_per_s']:8.1f} tok/s steady state, "
           f"{rl['e2e_tokens_per_s']:.1f} tok/s end to end ({rl['e2e_s']:.1f} s, ~{rl['startup_s']:.1f} s start-up)")
+    print(f"(b') vllm LLM.generate, {os.cpu_count()} threads: {vllm_all['tokens_per_s']:8.1f} tok/s steady state, "
+          f"{vllm_all['e2e_tokens_per_s']:.1f} tok/s end to end (vLLM's default: a compute thread per core)")
     print(f"rayline vs hf generate: {rl['tokens_per_s'] / hf['tokens_per_s']:.1f}x")
     print(f"rayline vs vllm (steady state): {rl['tokens_per_s'] / vllm['tokens_per_s']:.2f}x")
     # End to end compares like with like: each side's tokens over its own start-up + generation time.
     print(f"rayline vs vllm (end to end): {rl['e2e_tokens_per_s'] / vllm['e2e_tokens_per_s']:.2f}x")
+    print(f"rayline vs vllm on all cores (steady state): {rl['tokens_per_s'] / vllm_all['tokens_per_s']:.2f}x")
 
 
 if __name__ == "__main__":

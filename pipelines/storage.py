@@ -130,6 +130,16 @@ def list_files(uri: str) -> list[str]:
     return sorted(posixpath.relpath(i.path, path) for i in infos if i.type == pafs.FileType.File)
 
 
+def total_bytes(uri: str) -> int:
+    """Size of a file, or of every file under a directory URI (0 when nothing is there)."""
+    fs, path = resolve(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.File:
+        return info.size
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    return sum(i.size for i in infos if i.type == pafs.FileType.File)
+
+
 def copy_tree(src_uri: str, dst_uri: str) -> None:
     """Copy a directory tree between any two supported URIs (local <-> s3)."""
     src_fs, src = resolve(src_uri)

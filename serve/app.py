@@ -147,7 +147,8 @@ def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
 
 
 def build_app(args: dict[str, Any]):
-    """Serve's `import_path` target: args (see `application_args`) -> the OpenAI app (ingress + engine deployment)."""
+    """Serve's `import_path` target: args (see `application_args`) -> the OpenAI app: the engine deployment serving
+    the routes itself (`ingress: engine`), or Ray's OpenAI ingress deployment in front of it (`ingress: deployment`)."""
     import ray
     from ray.serve.llm import build_openai_app
 
@@ -159,11 +160,21 @@ def build_app(args: dict[str, Any]):
     )
     base_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
     llm = _llm_config(cfg, model, base_env)
+    rayline = {**model.to_args(), "label": model.label}
+    if cfg.ingress == "engine":
+        from ray import serve
+        from ray.serve.llm import build_llm_deployment
+
+        from serve.llm_hooks import RaylineServer
+
+        return build_llm_deployment(
+            llm, name_prefix="LLMServer:", deployment_cls=serve.ingress()(RaylineServer), bind_kwargs={"rayline": rayline}
+        )
     return build_openai_app({
         "llm_configs": [llm],
         "ingress_cls_config": {
             "ingress_cls": RaylineIngress,
-            "ingress_extra_kwargs": {"rayline": {**model.to_args(), "label": model.label}},
+            "ingress_extra_kwargs": {"rayline": rayline},
         },
         "ingress_deployment_config": {
             "num_replicas": cfg.ingress_replicas,

@@ -1,16 +1,79 @@
-"""Classes Ray Serve LLM instantiates for rayline: the OpenAI ingress and the engine start-up callback.
+"""Classes Ray Serve LLM instantiates for rayline: the engine replica that serves the OpenAI routes itself, the
+separate OpenAI ingress, and the engine start-up callback.
 
 Kept apart from serve/app.py because importing them pulls in vLLM; rendering a serve config must not.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
-from fastapi import HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
 from ray.llm._internal.common.callbacks.base import CallbackBase
 from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard, OpenAIHTTPException
+from ray.serve.llm import LLMServer
 from ray.serve.llm.ingress import OpenAiIngress
+
+
+def stamp_version(card: dict[str, Any], model_id: str, rayline: dict[str, Any]) -> dict[str, Any]:
+    """A model card (as JSON) with the served version as `metadata.rayline`, when it is the served model's card."""
+    if card.get("id") != model_id or not rayline:
+        return card
+    return {**card, "owned_by": "rayline", "metadata": {**(card.get("metadata") or {}), "rayline": rayline}}
+
+
+def _json_of(reply: Any) -> Any:
+    if isinstance(reply, Response):
+        return json.loads(reply.body)
+    return reply.model_dump() if hasattr(reply, "model_dump") else reply
+
+
+def add_version_to_model_routes(app: FastAPI, model_id: str, rayline: dict[str, Any]) -> None:
+    """Wrap vLLM's `GET /v1/models` and Ray's `GET /v1/models/{model}` so the served card names the version."""
+    for route in list(app.router.routes):
+        path = getattr(route, "path", None)
+        if path not in ("/v1/models", "/v1/models/{model:path}") or "GET" not in getattr(route, "methods", ()):
+            continue
+        original = route.endpoint
+        app.router.routes.remove(route)
+        if path == "/v1/models":
+            async def list_models(raw_request: Request, _original=original) -> JSONResponse:
+                body = _json_of(await _original(raw_request))
+                body["data"] = [stamp_version(c, model_id, rayline) for c in body.get("data", [])]
+                return JSONResponse(body)
+
+            app.add_api_route(path, list_models, methods=["GET"])
+        else:
+            async def retrieve_model(model: str, _original=original) -> JSONResponse:
+                try:
+                    card = _json_of(await _original(model))
+                except HTTPException as e:
+                    return JSONResponse(
+                        {"error": {"message": f"{e.detail}", "type": "invalid_request_error", "code": e.status_code}},
+                        status_code=e.status_code,
+                    )
+                return JSONResponse(stamp_version(card, model_id, rayline))
+
+            app.add_api_route(path, retrieve_model, methods=["GET"])
+
+
+class RaylineServer(LLMServer):
+    """The engine replica as the app's ingress: it serves vLLM's own OpenAI app in-process (Ray builds it in
+    `__serve_build_asgi_app__`, as its direct-streaming layout does), plus the served version in the model cards.
+
+    `rayline` (bound at build time) is the pinned model: {name, version, alias, source, ref, label}.
+    """
+
+    async def __init__(self, llm_config, *, rayline: dict[str, Any] | None = None, **kwargs):
+        self._rayline = dict(rayline or {})
+        await super().__init__(llm_config, **kwargs)
+
+    async def __serve_build_asgi_app__(self):
+        app = await super().__serve_build_asgi_app__()
+        add_version_to_model_routes(app, self._llm_config.model_id, self._rayline)
+        return app
 
 
 class RaylineIngress(OpenAiIngress):

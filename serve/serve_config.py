@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pipelines.config import require
@@ -68,11 +68,18 @@ class Config:
     """Requests one engine replica holds at once (the engine queues beyond max_num_seqs)."""
     max_surge_percent: int = 100
     """Extra replicas during a rolling update; 100 starts every new replica before an old one stops (no gap)."""
+    ingress: Literal["engine", "deployment"] = "engine"
+    """Who serves the OpenAI routes. `engine`: each engine replica serves vLLM's own OpenAI app (Serve's proxy ->
+    the replica -> its engine; what Ray's direct streaming builds, without HAProxy): one hop and one process per
+    token fewer. `deployment`: Ray's `build_openai_app` layout, a separate OpenAI ingress deployment that calls
+    the engine replicas through handles (needed for several models or LoRA routing in one app)."""
     ingress_cpus: float = 0.1
-    """Logical CPUs of the OpenAI ingress replica; fractional so it fits beside the engines on a small node."""
+    """Logical CPUs of the OpenAI ingress replica (ingress: deployment); fractional so it fits beside the engines."""
     ingress_replicas: int = 1
+    """Ingress replicas (ingress: deployment)."""
     stream_batching_interval_ms: float | None = None
-    """How long the engine replica gathers streamed tokens before sending them on; None = Ray's default (50)."""
+    """How long the engine replica gathers streamed tokens before handing them to the ingress deployment (ingress:
+    deployment); None = Ray's default (50)."""
     access_log: bool = False
     """Serve access log lines per request (off: they cost CPU on every request)."""
     health_check_period_s: float = 10.0

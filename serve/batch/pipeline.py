@@ -13,6 +13,7 @@ be one more actor pool competing for the same cores.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -82,16 +83,26 @@ def prepare_output(cfg: Config) -> None:
         storage.delete_tree(cfg.output_uri)
 
 
+def read_blocks(cfg: Config, input_bytes: int) -> int:
+    """Blocks to read the input as: Ray Data's own choice (about one per MiB, at most 200) but never fewer than
+    two a batch slot of every engine. A 512-prompt file is otherwise 4 blocks, and an engine task a whole block
+    (four batches): the first engine up takes every block while the others are still loading."""
+    slots = cfg.num_engines * cfg.max_concurrent_batches
+    return max(2 * slots, min(200, math.ceil(input_bytes / eng.MiB)))
+
+
 def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
     fs, path = storage.resolve(cfg.input_uri)
-    remote_args = {"num_cpus": cfg.cpu_stage_num_cpus}
+    blocks = read_blocks(cfg, storage.total_bytes(cfg.input_uri))
     if fmt == "jsonl":
         # Lines, not pyarrow's JSON reader: one malformed line becomes one refused row, not a failed read.
         # With `input_format: jsonl` said outright, any file name goes; `auto` only picks JSONL extensions.
         exts = None if cfg.input_format == "jsonl" else list(JSONL_EXTENSIONS)
-        ds = ray.data.read_text(path, filesystem=fs, file_extensions=exts, ray_remote_args=remote_args)
+        ds = ray.data.read_text(
+            path, filesystem=fs, file_extensions=exts, num_cpus=cfg.cpu_stage_num_cpus, override_num_blocks=blocks
+        )
     else:
-        ds = ray.data.read_parquet(path, filesystem=fs, ray_remote_args=remote_args)
+        ds = ray.data.read_parquet(path, filesystem=fs, num_cpus=cfg.cpu_stage_num_cpus, override_num_blocks=blocks)
     return ds.limit(cfg.limit) if cfg.limit else ds
 
 
@@ -106,9 +117,14 @@ def engine_processor(cfg: Config, model_path: str):
         placement_group_config=eng.placement_group_config(e),
         accelerator_type=e.accelerator_type,
         runtime_env=eng.runtime_env(e) or None,
-        concurrency=cfg.num_engines,
+        # (n, n): a fixed pool. A bare int means an autoscaling pool of 1..n for this stage, which starts one
+        # engine and only adds more when Ray Data's autoscaler sees a queue (on a small cluster: never).
+        concurrency=(cfg.num_engines, cfg.num_engines),
         batch_size=cfg.batch_size,
         max_concurrent_batches=cfg.max_concurrent_batches,
+        # Ray's default (2x) lets the first engine up take the whole queue while the others are still loading
+        # (with read_blocks' small blocks, a task is about one batch).
+        max_tasks_in_flight_per_actor=cfg.max_concurrent_batches,
         should_continue_on_error=True,
         chat_template_stage=False,
         tokenize_stage=False,

@@ -62,6 +62,16 @@ def test_cpu_configs_fit_two_cores(name):
     assert cfg.batch_size * cfg.max_concurrent_batches >= cfg.engine.max_num_seqs
 
 
+def test_reads_give_every_engine_batch_slot_blocks_and_large_inputs_ray_data_s_own_count():
+    from serve.batch.pipeline import read_blocks
+
+    cfg = from_dict(Config, {"input_uri": "p.jsonl", "output_uri": "out", "engine": {"model": "m"},
+                             "num_engines": 2, "max_concurrent_batches": 6})
+    # A 100 KB prompt file would be 4 blocks by Ray Data's default, and the first engine up would take them all.
+    assert read_blocks(cfg, 100_000) == 2 * 2 * 6
+    assert read_blocks(cfg, 50 * eng.MiB) == 50 and read_blocks(cfg, 50 * 1024 * eng.MiB) == 200
+
+
 def test_demo_eval_fits_beside_the_serve_app():
     """A second `make demo` evaluates while the first one's Serve app (configs/serve/tiny_cpu.yaml) serves."""
     from serve.serve_config import Config as ServeConfig
