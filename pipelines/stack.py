@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pipelines import objectstore
 from pipelines.config import ConfigError, apply_overrides, from_dict, require, to_dict
+from pipelines.ray_env import SERVE_PROCESS_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,7 +149,7 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
     venv_bin = str(Path(_python()).parent)
     ray_env = {**token_env, **LOOPBACK_ENV, "PYTHONPATH": str(PROJECT_ROOT),
                "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(Path(venv_bin).parent), "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port)}
+               "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port), **SERVE_PROCESS_ENV}
     if cfg.s3:
         ray_env.update(objectstore.s3_env(cfg.s3_port))
     mlflow_argv = [

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from pipelines.ray_env import SERVE_PROCESS_ENV
 from rayjobs.cluster_profile import RAY_VERSION, Profile
 
 
@@ -94,8 +95,9 @@ def _pod(container: dict, profile: Profile, gpu: bool, accelerator_type: str | N
 
 
 def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = None, serve: bool = False) -> dict:
-    """A RayCluster spec: a head that carries no work (num-cpus 0) and one worker group sized by `shape`."""
-    envs = _env(profile, env)
+    """A RayCluster spec: a head that carries no work (num-cpus 0) and one worker group sized by `shape`.
+    A serving cluster's pods also carry Serve's request-path settings (SERVE_PROCESS_ENV)."""
+    envs = _env(profile, {**SERVE_PROCESS_ENV, **(env or {})} if serve else env)
     head_ports = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001)] + ([("serve", 8000)] if serve else [])
     head = _container("ray-head", profile, profile.head.cpu, profile.head.memory, 0, envs, head_ports)
     if shape.gpu:

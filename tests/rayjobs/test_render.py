@@ -71,6 +71,21 @@ def test_gpu_serving_lands_on_its_accelerator(profile):
     assert per_pod % cfg.engine.tensor_parallel_size == 0  # an engine never spans pods
 
 
+def test_serving_pods_carry_serve_request_path_settings_and_jobs_do_not(profile):
+    from pipelines.ray_env import SERVE_PROCESS_ENV
+
+    def pod_envs(doc):
+        cluster = doc["spec"].get("rayClusterSpec") or doc["spec"]["rayClusterConfig"]
+        pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+        return [{e["name"]: e.get("value") for e in c["env"]} for p in pods for c in p["spec"]["containers"]]
+
+    serving = render.render("serve", str(ROOT / "configs/serve/gpu_example.yaml"), profile)
+    # Controller and proxy run on the head, replicas on the workers: every pod reads them when Serve starts.
+    assert all(env.items() >= SERVE_PROCESS_ENV.items() for env in pod_envs(serving))
+    job = render.render("train", str(ROOT / "configs/train/small_gpu.yaml"), profile)
+    assert all(not (env.keys() & SERVE_PROCESS_ENV.keys()) for env in pod_envs(job))
+
+
 def test_unknown_accelerator_is_named(profile):
     with pytest.raises(ConfigError, match="no node selector for accelerator type 'TPU9'"):
         render.render("serve", str(ROOT / "configs/serve/gpu_example.yaml"), profile, ["engine.accelerator_type=TPU9"])
