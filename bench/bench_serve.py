@@ -4,8 +4,8 @@
     python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--skip-rollout | --rollout-only]
 
 Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
-(ignore_eos) from `--concurrency` concurrent clients on loopback; reported: output tokens/s and
-time to first token p50/p99. vLLM runs as `python -m vllm.entrypoints.openai.api_server` with the
+(ignore_eos) from `--concurrency` concurrent clients on loopback, `--rounds` times in A-B-B-A order
+(the machine's speed drifts); reported over all rounds: output tokens/s and time to first token p50/p99. vLLM runs as `python -m vllm.entrypoints.openai.api_server` with the
 engine arguments rayline's serving config gives its engine (serve/engine.py), so only the serving
 path differs. Then the rollout time of the `tiny` model (alias set -> new version answering) is
 measured with the real rollout. The last lines are the throughput ratios.
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +59,17 @@ class LoadResult:
     ttft_p50: float
     ttft_p99: float
     failed: int
+    ttfts: list[float] = field(default_factory=list, repr=False)
+    tokens: int = 0
+    wall_s: float = 0.0
+
+
+def combine(results: list[LoadResult]) -> LoadResult:
+    """Several rounds of one server at one concurrency as one result: tokens over time, TTFTs pooled."""
+    ttfts = [t for r in results for t in r.ttfts]
+    tokens, wall = sum(r.tokens for r in results), sum(r.wall_s for r in results)
+    return LoadResult(results[0].concurrency, sum(r.requests for r in results), tokens / wall,
+                      percentile(ttfts, 0.5), percentile(ttfts, 0.99), sum(r.failed for r in results), ttfts, tokens, wall)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -107,7 +118,8 @@ async def _load(url: str, concurrency: int, requests: int, max_tokens: int) -> L
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
-    return LoadResult(concurrency, requests, sum(tokens) / wall, percentile(ttfts, 0.5), percentile(ttfts, 0.99), failed)
+    return LoadResult(concurrency, requests, sum(tokens) / wall, percentile(ttfts, 0.5), percentile(ttfts, 0.99), failed,
+                      ttfts, sum(tokens), wall)
 
 
 def run_load(url: str, concurrency: int, requests: int, max_tokens: int) -> LoadResult:
@@ -239,6 +251,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--vllm-nice", type=int, default=15, help="niceness of the vLLM server (Ray workers run at 15)")
     p.add_argument("--work-dir", default=str(Path.home() / ".cache" / "rayline" / "bench"),
                    help="where the models and the vLLM server log go")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="load runs per server and concurrency, in A-B-B-A order so a drifting machine hits both alike")
     p.add_argument("--skip-rollout", action="store_true")
     p.add_argument("--rollout-only", action="store_true", help="only the rollout time (no load, no vLLM server)")
     args = p.parse_args(argv)
@@ -268,16 +282,22 @@ def main(argv: list[str] | None = None) -> dict:
         app = RaylineApp(model_dir, engine_cfg)
         try:
             for c in args.concurrency:
-                vllm.append(run_load(vllm_server.url, c, args.requests, args.max_tokens))
-                rayline.append(run_load(app.url, c, args.requests, args.max_tokens))
-                print(f"{c} streams: vllm {vllm[-1]}\n{c} streams: rayline {rayline[-1]}", flush=True)
+                runs: dict[str, list[LoadResult]] = {"vllm": [], "rayline": []}
+                for i in range(args.rounds):
+                    for name in (("vllm", "rayline") if i % 2 == 0 else ("rayline", "vllm")):
+                        url = vllm_server.url if name == "vllm" else app.url
+                        runs[name].append(run_load(url, c, args.requests, args.max_tokens))
+                        print(f"{c} streams, round {i + 1}: {name} {runs[name][-1]}", flush=True)
+                vllm.append(combine(runs["vllm"]))
+                rayline.append(combine(runs["rayline"]))
         finally:
             app.stop()
     finally:
         vllm_server.stop()
     rollout_s = None if args.skip_rollout else bench_rollout(work)
 
-    print(f"\n{'server':10} {'streams':>7} {'requests':>8} {'failed':>6} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9}")
+    print(f"\n{args.rounds} rounds per server and concurrency, A-B-B-A")
+    print(f"{'server':10} {'streams':>7} {'requests':>8} {'failed':>6} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9}")
     for label, results in (("vllm", vllm), ("rayline", rayline)):
         for r in results:
             print(f"{label:10} {r.concurrency:7d} {r.requests:8d} {r.failed:6d} {r.tokens_per_s:8.1f} "

@@ -132,6 +132,7 @@ def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
         placement_group_config=engine.placement_group_config(cfg.engine),
         runtime_env={"env_vars": env_vars},
         experimental_configs=experimental,
+        log_engine_metrics=cfg.log_engine_metrics,
         deployment_config={
             "autoscaling_config": cfg.autoscaling.to_serve(),
             "max_ongoing_requests": cfg.max_ongoing_requests,

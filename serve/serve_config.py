@@ -80,6 +80,10 @@ class Config:
     stream_batching_interval_ms: float | None = None
     """How long the engine replica gathers streamed tokens before handing them to the ingress deployment (ingress:
     deployment); None = Ray's default (50)."""
+    log_engine_metrics: bool = True
+    """Export the engine's metrics (TTFT, TPOT, KV cache use) through Ray's metrics system (Ray's default). It
+    records through `ray.util.metrics` on every engine step, in the replica's event loop; off, vLLM's own
+    Prometheus metrics remain (no throughput difference measured on 2 cores, within the machine's drift)."""
     access_log: bool = False
     """Serve access log lines per request (off: they cost CPU on every request)."""
     health_check_period_s: float = 10.0
