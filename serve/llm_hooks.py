@@ -91,7 +91,7 @@ class RaylineIngress(OpenAiIngress):
         card = await super().model(model_id)
         if card is None or not self._rayline:
             return card
-        return card.model_copy(update={"owned_by": "rayline", "metadata": {**card.metadata, "rayline": self._rayline}})
+        return ModelCard.model_validate(stamp_version(card.model_dump(), card.id, self._rayline))
 
     async def _get_model_id(self, model: Optional[str]) -> str:
         # The parent raises FastAPI's HTTPException, which renders as {"detail": ...}; clients of an
