@@ -6,14 +6,16 @@ The `small` tiny-model kit checkpoint answers 512 chat prompts whose output leng
 tokens, exact: per-request max_tokens with ignore_eos). Output tokens per second of:
   (a) Hugging Face `generate` with static batches (left-padded; best of batch 32 and 64; a batch runs until
       its longest request, and only each request's own tokens count; the first --hf-prompts prompts),
-  (b) plain vLLM `LLM.generate` in one process (steady state: the generate call; end to end: vLLM import,
-      engine start-up and the generate call),
+  (b) plain vLLM `LLM.generate` in one process (steady state: the generate call; end to end: every import
+      (torch, transformers, vLLM), the chat template, engine start-up and the generate call),
   (c) rayline's stage (`serve.batch.pipeline.main` on its own local Ray): steady state over the engine's busy
-      time, and end to end including Ray start, model resolution, engine start-up and writing Parquet.
-The end-to-end ratio is (c) end to end over (b) end to end.
+      time, and end to end including every import, Ray start, model resolution, engine start-up and writing
+      Parquet; (c') the same with Ray started (and settled) before the clock, as a job on a running cluster.
+The end-to-end ratios are (c) and (c') end to end over (b) end to end; both clocks start before any import.
 (b) and (c) use the same engine settings (serve/engine.py: one compute thread for an engine that reserves one
 CPU), each part runs in its own process, one at a time. (b') is (b) with a compute thread per core, plain
-vLLM's default; (a) runs torch's default (a thread per core) too.
+vLLM's default; (a) runs torch's default (a thread per core) too. Every part runs --rounds times in alternating
+order (a b c c' b' | b' c' c b a) and is pooled over its rounds: the machine's speed drifts within minutes.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def part_vllm(w: dict, all_cores: bool = False) -> dict:
     from pipelines.config import from_dict
     from serve import engine as eng
 
+    t0 = time.perf_counter()  # end to end from here: torch, transformers and vLLM imports, chat template, engine
     threads = {"env_vars": {"OMP_NUM_THREADS": str(os.cpu_count())}} if all_cores else {}
     cfg = from_dict(eng.EngineConfig, {"model": w["model"], **ENGINE, **threads})
     # The same engine environment as rayline's engine actor, set before anything imports torch (transformers
@@ -104,8 +107,7 @@ def part_vllm(w: dict, all_cores: bool = False) -> dict:
     assert "torch" not in sys.modules, "torch was imported before the engine environment was set"
     os.environ.update(eng.runtime_env(cfg).get("env_vars", {}))
     texts, lengths = chat_prompts(w["model"], w["prompts"])
-    t0 = time.perf_counter()
-    from vllm import LLM, SamplingParams  # imported in the clock: rayline's engine actor pays this import too
+    from vllm import LLM, SamplingParams
 
     llm = LLM(model=w["model"], **eng.vllm_engine_kwargs(cfg))
     startup = time.perf_counter() - t0
@@ -119,8 +121,11 @@ def part_vllm(w: dict, all_cores: bool = False) -> dict:
             "generate_s": took}
 
 
-def part_rayline(w: dict, work: Path) -> dict:
-    """(c) the stage itself, on a fresh local 2-CPU Ray (not a shared cluster), prompts from JSONL to Parquet."""
+def part_rayline(w: dict, work: Path, running_ray: bool = False) -> dict:
+    """(c) the stage itself, prompts from JSONL to Parquet, on a local 2-CPU Ray of its own (never a cluster
+    someone else started on the machine): started inside the clock, as a script that brings its own Ray pays
+    it, or with `running_ray` started and settled before it, as a job on a running cluster finds it."""
+    started = time.perf_counter()  # end to end from here, like (b): every import is in the clock
     import ray
 
     from pipelines.config import from_dict
@@ -132,18 +137,26 @@ def part_rayline(w: dict, work: Path) -> dict:
         "engine": {"model": w["model"], **ENGINE},
         "batch_size": 32, "max_concurrent_batches": 6, "cpu_stage_num_cpus": 0.25,
     }, "bench")
-    started = time.perf_counter()
     os.environ.pop("RAY_ADDRESS", None)
-    # address="local": a new 2-CPU Ray for this process, never a cluster someone else started on the machine.
     ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    if running_ray:
+        time.sleep(5)  # let the new node's processes finish starting, as on a cluster that was already up
+        started = time.perf_counter()
     result = main(cfg)
-    e2e_s = time.perf_counter() - started  # ray.init included: a job pays it too
+    e2e_s = time.perf_counter() - started
     ray.shutdown()
     assert result.errors == 0 and result.output_tokens == sum(w["lengths"]), result
     return {
         "tokens_per_s": result.steady_output_tokens_per_s, "e2e_tokens_per_s": result.output_tokens / e2e_s,
         "e2e_s": e2e_s, "startup_s": e2e_s - result.output_tokens / result.steady_output_tokens_per_s,
     }
+
+
+def pool(results: list[dict]) -> dict:
+    """One part's rounds as one result: rates (keys ending in per_s) by harmonic mean, anything else by mean."""
+    keys = results[0].keys()
+    return {k: (len(results) / sum(1 / r[k] for r in results) if k.endswith("per_s") else
+                sum(r[k] for r in results) / len(results)) for k in keys}
 
 
 def run_part(part: str, args) -> dict:
@@ -165,33 +178,48 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=512)
     p.add_argument("--work", type=Path, default=Path("/tmp/rayline-bench"))
     p.add_argument("--hf-prompts", type=int, default=128, help="prompts (a) runs: at ~50 tok/s all 512 take an hour")
-    p.add_argument("--part", choices=["hf", "vllm", "vllm-all-cores", "rayline"], help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=2, help="runs of every part, alternating the order")
+    p.add_argument("--part", choices=["hf", "vllm", "vllm-all-cores", "rayline", "rayline-running-ray"],
+                   help=argparse.SUPPRESS)
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     w = workload(args.work, args.prompts)
     if args.part:
         parts = {"hf": lambda: part_hf(w, args.hf_prompts), "vllm": lambda: part_vllm(w),
-                 "vllm-all-cores": lambda: part_vllm(w, all_cores=True), "rayline": lambda: part_rayline(w, args.work)}
+                 "vllm-all-cores": lambda: part_vllm(w, all_cores=True), "rayline": lambda: part_rayline(w, args.work),
+                 "rayline-running-ray": lambda: part_rayline(w, args.work, running_ray=True)}
         result = parts[args.part]()
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    hf, vllm, rl = run_part("hf", args), run_part("vllm", args), run_part("rayline", args)
-    vllm_all = run_part("vllm-all-cores", args)
+    # The machine's speed drifts by up to 2x within minutes, so every part runs --rounds times, in A-B-C..C-B-A
+    # order, and each figure is pooled over its rounds (the same tokens each round: the harmonic mean of rates).
+    order = ["hf", "vllm", "rayline", "rayline-running-ray", "vllm-all-cores"]
+    runs: dict[str, list[dict]] = {name: [] for name in order}
+    for r in range(args.rounds):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            runs[name].append(run_part(name, args))
+    hf, vllm, rl, rl_running, vllm_all = (pool(runs[name]) for name in order)
     print(f"\nworkload: {args.prompts} prompts, {sum(w['lengths']):,} output tokens (16-256 each), small model, "
-          f"dtype {ENGINE['dtype']}, {os.cpu_count()} CPUs")
+          f"dtype {ENGINE['dtype']}, {os.cpu_count()} CPUs; {args.rounds} rounds per part, pooled")
     print(f"(a) hf generate, static batches:  {hf['tokens_per_s']:8.1f} tok/s "
           f"(batch 32: {hf['batch_32']:.1f}, batch 64: {hf['batch_64']:.1f}; first {int(hf['prompts'])} prompts)")
     print(f"(b) vllm LLM.generate:            {vllm['tokens_per_s']:8.1f} tok/s steady state, "
           f"{vllm['e2e_tokens_per_s']:.1f} tok/s end to end (import + engine start {vllm['startup_s']:.1f} s)")
     print(f"(c) rayline batch stage:          {rl['tokens_per_s']:8.1f} tok/s steady state, "
-          f"{rl['e2e_tokens_per_s']:.1f} tok/s end to end ({rl['e2e_s']:.1f} s, ~{rl['startup_s']:.1f} s start-up)")
+          f"{rl['e2e_tokens_per_s']:.1f} tok/s end to end ({rl['e2e_s']:.1f} s, ~{rl['startup_s']:.1f} s start-up, "
+          "Ray started in the clock)")
+    print(f"(c') rayline, Ray already up:     {rl_running['tokens_per_s']:8.1f} tok/s steady state, "
+          f"{rl_running['e2e_tokens_per_s']:.1f} tok/s end to end ({rl_running['e2e_s']:.1f} s, "
+          f"~{rl_running['startup_s']:.1f} s start-up)")
     print(f"(b') vllm LLM.generate, {os.cpu_count()} threads: {vllm_all['tokens_per_s']:8.1f} tok/s steady state, "
           f"{vllm_all['e2e_tokens_per_s']:.1f} tok/s end to end (vLLM's default: a compute thread per core)")
     print(f"rayline vs hf generate: {rl['tokens_per_s'] / hf['tokens_per_s']:.1f}x")
     print(f"rayline vs vllm (steady state): {rl['tokens_per_s'] / vllm['tokens_per_s']:.2f}x")
     # End to end compares like with like: each side's tokens over its own start-up + generation time.
     print(f"rayline vs vllm (end to end): {rl['e2e_tokens_per_s'] / vllm['e2e_tokens_per_s']:.2f}x")
+    print(f"rayline vs vllm (end to end, on a running Ray): "
+          f"{rl_running['e2e_tokens_per_s'] / vllm['e2e_tokens_per_s']:.2f}x")
     print(f"rayline vs vllm on all cores (steady state): {rl['tokens_per_s'] / vllm_all['tokens_per_s']:.2f}x")
 
 

@@ -107,7 +107,7 @@ def served_model_of(app_config: dict[str, Any]) -> ServedModel | None:
 def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
     from ray.serve.llm import LLMConfig
 
-    from serve.llm_hooks import LocalCheckpointCallback
+    from serve.llm_hooks import EngineStartCallback
 
     engine_kwargs = {
         **engine.vllm_engine_kwargs(cfg.engine),
@@ -120,10 +120,8 @@ def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
     experimental = {}
     if cfg.stream_batching_interval_ms is not None:
         experimental["stream_batching_interval_ms"] = cfg.stream_batching_interval_ms
-    kwargs: dict[str, Any] = {}
-    if not storage.is_remote(model.source):
-        # The checkpoint is already on this filesystem: skip Ray's per-node download tasks (tens of seconds).
-        kwargs["callback_config"] = {"callback_class": LocalCheckpointCallback}
+    # A checkpoint already on this filesystem: skip Ray's per-node download tasks (tens of seconds).
+    callback = {"local_checkpoint": not storage.is_remote(model.source)}
     return LLMConfig(
         model_loading_config={"model_id": cfg.served_model_id, "model_source": model.source},
         engine_kwargs=engine_kwargs,
@@ -143,7 +141,7 @@ def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
             # The replica actor adds nothing to the engine's bundle: the engine's CPUs are the replica's.
             "ray_actor_options": {"num_cpus": 0},
         },
-        **kwargs,
+        callback_config={"callback_class": EngineStartCallback, "callback_kwargs": callback},
     )
 
 

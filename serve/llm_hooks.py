@@ -16,6 +16,8 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard, Op
 from ray.serve.llm import LLMServer
 from ray.serve.llm.ingress import OpenAiIngress
 
+from serve.engine import apply_engine_core_start
+
 
 def stamp_version(card: dict[str, Any], model_id: str, rayline: dict[str, Any]) -> dict[str, Any]:
     """A model card (as JSON) with the served version as `metadata.rayline`, when it is the served model's card."""
@@ -106,8 +108,36 @@ class RaylineIngress(OpenAiIngress):
             ) from None
 
 
-class LocalCheckpointCallback(CallbackBase):
-    """Skip Ray's per-node model download tasks when the checkpoint is a directory every node already sees."""
+def keep_requested_executor_backend() -> None:
+    """Make Ray Serve LLM pass on the `distributed_executor_backend` the engine kwargs ask for.
+
+    On CPU Ray replaces it with `mp` whatever the kwargs say (on GPU it requires `ray` and says so); rayline's
+    CPU engine asks for `uni` (serve.engine.vllm_engine_kwargs). Patches Ray's engine-config class in this
+    process (the replica), once; a request for anything else on GPU still gets Ray's own error."""
+    from ray.llm._internal.serve.engines.vllm.vllm_models import VLLMEngineConfig
+
+    original = VLLMEngineConfig.get_initialization_kwargs
+    if getattr(original, "rayline", False):
+        return
+
+    def get_initialization_kwargs(self) -> dict:
+        kwargs = original(self)
+        requested = self.engine_kwargs.get("distributed_executor_backend")
+        if requested:
+            kwargs["distributed_executor_backend"] = requested
+        return kwargs
+
+    get_initialization_kwargs.rayline = True
+    VLLMEngineConfig.get_initialization_kwargs = get_initialization_kwargs
+
+
+class EngineStartCallback(CallbackBase):
+    """Runs in the replica before its engine starts: the executor the engine kwargs ask for (`uni` on CPU),
+    rayline's EngineCore start method (serve.engine: fork on CPU), and with `local_checkpoint` (a directory
+    every node already sees) no per-node download tasks."""
 
     async def on_before_node_init(self) -> None:
-        self.ctx.run_init_node = False
+        keep_requested_executor_backend()
+        apply_engine_core_start()
+        if self.kwargs.get("local_checkpoint"):
+            self.ctx.run_init_node = False

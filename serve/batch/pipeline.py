@@ -2,19 +2,22 @@
 
     read (JSONL lines | Parquet rows)        tasks, cpu_stage_num_cpus each
       -> PromptValidator                     1 actor: chat template, tokenize, refuse bad rows with a reason
-      -> ray.data.llm vLLM engine stage      actor pool of num_engines, placement from serve/engine.py
+      -> ray.data.llm vLLM engine stage      actor pool of num_engines, placement from serve/engine.py; the
+                                             UDF is serve/batch/engine_stage.py's (EngineCore forked on CPU)
       -> result_rows                         tasks: one schema for answered and refused rows
       -> write_parquet(output_uri)
 then, from the written Parquet: totals, eval metrics, and in eval mode an MLflow run plus `eval.*` tags on
 the model version. ray.data.llm's own chat-template/tokenize/detokenize stages are off: PromptValidator has
 to tokenize anyway to refuse over-long prompts, and vLLM detokenizes as it generates, so each would only
-be one more actor pool competing for the same cores.
+be one more actor pool competing for the same cores. The driver imports the engine stage (vLLM) on a thread
+while the model resolves and Ray connects: it needs it only to build the plan.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -110,6 +113,8 @@ def engine_processor(cfg: Config, model_path: str):
     """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
+    from serve.batch.engine_stage import use_rayline_engine_stage
+
     e = cfg.engine
     config = vLLMEngineProcessorConfig(
         model_source=model_path,
@@ -138,10 +143,27 @@ def engine_processor(cfg: Config, model_path: str):
     # is up, and refuses the Jobs API's http:// address that a Ray job (and the local stack) sets.
     address = os.environ.pop("RAY_ADDRESS", None) if os.environ.get("RAY_ADDRESS", "").startswith("http") else None
     try:
-        return build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
+        processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
     finally:
         if address:
             os.environ["RAY_ADDRESS"] = address
+    use_rayline_engine_stage(processor)
+    return processor
+
+
+def import_engine_stage_in_background() -> threading.Thread:
+    """Import the engine stage (vLLM: ~8 s on 2 cores) on a thread while the model resolves and Ray starts.
+    The driver needs it only to build the plan; imported there, it would run after ray.init, not beside it."""
+
+    def load() -> None:
+        try:
+            import serve.batch.engine_stage  # noqa: F401
+        except Exception:  # engine_processor imports it again and raises with its own traceback
+            pass
+
+    thread = threading.Thread(target=load, name="rayline-import-engine-stage", daemon=True)
+    thread.start()
+    return thread
 
 
 def run_pipeline(cfg: Config, model_path: str, info: eng.ModelInfo) -> None:
@@ -174,10 +196,12 @@ def read_results(output_uri: str):
 def main(cfg: Config) -> Result:
     """Run the stage end to end; print and return the summary."""
     started = time.perf_counter()
+    importing = import_engine_stage_in_background()
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
     eng.check_max_model_len(cfg.engine, model_path)
     prepare_output(cfg)
     init_ray()
+    importing.join()
     run_pipeline(cfg, model_path, info)
     wall = time.perf_counter() - started
 

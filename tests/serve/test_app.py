@@ -60,6 +60,9 @@ def test_llm_config_on_cpu_and_gpu(cfg):
     assert llm.engine_kwargs["fingerprint_value"] == "rayline-tiny/3"
     assert llm.engine_kwargs["kv_cache_memory_bytes"] == 128 * 2**20
     assert llm.runtime_env["env_vars"]["FROM_APP"] == "1"  # the app's env survives LLMConfig's runtime_env
+    assert llm.runtime_env["env_vars"]["RAYLINE_ENGINE_CORE_START"] == "fork"  # CPU: EngineCore forked
+    assert llm.callback_config.callback_class.__name__ == "EngineStartCallback"
+    assert llm.callback_config.callback_kwargs == {"local_checkpoint": True}  # a path: no per-node download
     assert llm.deployment_config["ray_actor_options"] == {"num_cpus": 0}
     assert llm.deployment_config["max_surge_percent"] == 100
 
@@ -69,7 +72,8 @@ def test_llm_config_on_cpu_and_gpu(cfg):
     assert llm.accelerator_config.kind == "gpu" and llm.accelerator_type == "L4"
     assert llm.placement_group_config == {"bundles": [{"CPU": 2.0, "GPU": 1.0}] * 2, "strategy": "STRICT_PACK"}
     assert llm.engine_kwargs["tensor_parallel_size"] == 2
-    assert llm.callback_config.callback_class.__name__ == "CallbackBase"  # s3: Ray downloads on each node
+    assert llm.callback_config.callback_kwargs == {"local_checkpoint": False}  # s3: Ray downloads on each node
+    assert "RAYLINE_ENGINE_CORE_START" not in llm.runtime_env["env_vars"]  # GPU: vLLM's spawn
 
 
 def test_gpu_example_renders_for_a_pod(monkeypatch):

@@ -284,3 +284,18 @@ def test_eval_metrics_come_from_the_outputs_and_land_on_the_model_version(run, r
     assert eval_run.data.tags[TAG_MODEL_NAME] == name and eval_run.data.tags[TAG_MODEL_VERSION] == version
     assert eval_run.data.tags[registry.TAG_DATASET_VERSION] == "ds-test"
     assert eval_run.data.tags[registry.TAG_STAGE] == "batch_infer"
+
+
+@pytest.mark.slow  # imports vLLM through ray.data.llm; builds the plan on the test stack's Ray, runs nothing
+def test_engine_stage_is_rayline_s_udf_with_ray_s_cpu_placement(ray_session, tiny_model_dir):
+    from serve.batch.engine_stage import EngineStageUDF
+    from serve.batch.pipeline import engine_processor
+
+    cfg = from_dict(Config, {"input_uri": "p.jsonl", "output_uri": "out", "num_engines": 1,
+                             "engine": {"model": str(tiny_model_dir), **CPU_ENGINE, "cpus_per_engine": 0.5}})
+    stage = engine_processor(cfg, str(tiny_model_dir)).get_stage_by_name("vLLMEngineStage")
+    kwargs = stage.get_dataset_map_batches_kwargs(batch_size=cfg.batch_size, data_column="__data")
+    assert stage.fn is EngineStageUDF
+    # Swapping the UDF must keep what Ray derived from the placement group: half a CPU and no GPU.
+    assert kwargs["num_cpus"] == 0.5 and not kwargs.get("num_gpus"), kwargs
+    assert kwargs["runtime_env"]["env_vars"][eng.ENGINE_CORE_START_ENV] == "fork"  # the actor forks EngineCore

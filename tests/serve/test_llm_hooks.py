@@ -51,3 +51,24 @@ def test_unknown_model_gets_an_openai_style_404():
 def test_stamp_leaves_cards_alone_without_a_pinned_model():
     card = {"id": "rayline", "owned_by": "vllm"}
     assert stamp_version(card, "rayline", {}) == card
+
+
+def test_the_replica_keeps_the_executor_the_engine_kwargs_ask_for(monkeypatch):
+    from ray.llm._internal.serve.engines.vllm.vllm_models import VLLMEngineConfig
+    from ray.serve.llm import LLMConfig
+
+    from serve.llm_hooks import keep_requested_executor_backend
+
+    # Restored after the test: the hook patches Ray's class for the whole (replica) process.
+    monkeypatch.setattr(VLLMEngineConfig, "get_initialization_kwargs", VLLMEngineConfig.get_initialization_kwargs)
+
+    def backend(**engine_kwargs) -> str:
+        llm = LLMConfig(model_loading_config={"model_id": "m", "model_source": "/m"}, engine_kwargs=engine_kwargs,
+                        accelerator_config={"kind": "cpu"})
+        return VLLMEngineConfig.from_llm_config(llm).get_initialization_kwargs()["distributed_executor_backend"]
+
+    assert backend(distributed_executor_backend="uni") == "mp"  # Ray's own choice on CPU
+    keep_requested_executor_backend()
+    keep_requested_executor_backend()  # once per process, however often the replica calls it
+    assert backend(distributed_executor_backend="uni") == "uni"
+    assert backend() == "mp"  # nothing asked: Ray's choice stands
