@@ -116,8 +116,11 @@ def _summaries(cfg: TuneConfig, results, parent_run_id: str, total_steps: int) -
             sampled={k: res.config.get(k) for k in cfg.space}, step=step, metric=metrics.get(cfg.metric),
             finished=bool(metrics.get("export_uri")) and step >= total_steps,
         ))
-        if run and run.info.status == "RUNNING":
-            # ASHA stops a trial by ending its actor, so its child run never closed itself.
+        stopped = not out[-1].finished and getattr(res, "error", None) is None
+        if run and (run.info.status == "RUNNING" or (stopped and run.info.status == "FAILED")):
+            # ASHA stops a trial by ending its actor: its child run either never closed itself (RUNNING) or,
+            # when the stop reached the trial function as an exception first, closed itself FAILED. Either
+            # way Tune reports no error for it; a trial that really failed keeps FAILED.
             client.set_tag(run.info.run_id, "rayline.tune_stopped_at_step", str(step))
             client.set_terminated(run.info.run_id, "KILLED")
     return out
