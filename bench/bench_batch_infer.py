@@ -135,7 +135,7 @@ def part_rayline(w: dict, work: Path, running_ray: bool = False) -> dict:
     cfg = from_dict(Config, {
         "mode": "infer", "input_uri": w["prompts"], "output_uri": str(work / "rayline-out"), "overwrite": True,
         "engine": {"model": w["model"], **ENGINE},
-        "batch_size": 32, "max_concurrent_batches": 6, "cpu_stage_num_cpus": 0.25,
+        "batch_size": 32, "cpu_stage_num_cpus": 0.25,  # max_concurrent_batches: the stage's own (4 x 128 rows)
     }, "bench")
     os.environ.pop("RAY_ADDRESS", None)
     ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})

@@ -6,12 +6,16 @@ builds it with `pipelines.config.load_config`, so a bad field fails before Ray s
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pipelines.config import ConfigError, require
 from serve.batch.rows import sampling_problem
 from serve.engine import EngineConfig
+
+ROWS_IN_FLIGHT_PER_SEQ = 4
+"""Rows in flight per engine, as a multiple of engine.max_num_seqs, when max_concurrent_batches is left unset."""
 
 METRICS = ("exact_match", "contains")
 """Metrics eval mode can compute (serve/batch/metrics.py); `exact_match` is always computed."""
@@ -69,8 +73,12 @@ class Config:
     """Upper bound of the engine actor pool (it autoscales from 1)."""
     batch_size: int = 16
     """Rows per engine call."""
-    max_concurrent_batches: int = 4
-    """Engine calls in flight per engine actor; batch_size x this should reach engine.max_num_seqs."""
+    max_concurrent_batches: int | None = None
+    """Engine calls (batches) in flight per engine actor. Unset: enough for ROWS_IN_FLIGHT_PER_SEQ (4) x
+    engine.max_num_seqs rows. A batch returns only when its longest request ends, so with mixed output lengths
+    a batch slot is soon held by one or two long requests; rows in flight must far exceed max_num_seqs for the
+    engine to stay full. Ray's stage admits at most 1.1 x max_num_seqs of them to vLLM at a time; the rest
+    wait in the actor, not in vLLM's queue."""
     cpu_stage_num_cpus: float = 0.25
     """Logical CPUs per read/validate/result/write worker. Fractional so they fit beside the engine on a small
     node: Ray Data's default of 1 CPU per task, with the engine holding the rest, deadlocks a 2-core machine."""
@@ -90,9 +98,12 @@ class Config:
         require(self.limit is None or self.limit >= 1, "limit", f"must be at least 1 or null, got {self.limit}")
         require(self.num_engines >= 1, "num_engines", f"must be at least 1, got {self.num_engines}")
         require(self.batch_size >= 1, "batch_size", f"must be at least 1, got {self.batch_size}")
+        if self.max_concurrent_batches is None:
+            rows = ROWS_IN_FLIGHT_PER_SEQ * self.engine.max_num_seqs
+            self.max_concurrent_batches = math.ceil(rows / self.batch_size)
         require(
             self.max_concurrent_batches >= 1, "max_concurrent_batches",
-            f"must be at least 1, got {self.max_concurrent_batches}",
+            f"must be at least 1 or null (auto), got {self.max_concurrent_batches}",
         )
         require(
             0 < self.cpu_stage_num_cpus <= 1, "cpu_stage_num_cpus", f"must be in (0, 1], got {self.cpu_stage_num_cpus}"

@@ -72,6 +72,16 @@ def test_reads_give_every_engine_batch_slot_blocks_and_large_inputs_ray_data_s_o
     assert read_blocks(cfg, 50 * eng.MiB) == 50 and read_blocks(cfg, 50 * 1024 * eng.MiB) == 200
 
 
+def test_unset_max_concurrent_batches_keeps_four_times_max_num_seqs_rows_in_flight():
+    def batches(**fields):
+        base = {"input_uri": "p.jsonl", "output_uri": "out", "engine": {"model": "m", "max_num_seqs": 128}}
+        return from_dict(Config, {**base, **fields}).max_concurrent_batches
+
+    assert batches(batch_size=32) == 16
+    assert batches(batch_size=48) == 11  # rounded up: never fewer rows in flight than 4 x max_num_seqs
+    assert batches(batch_size=32, max_concurrent_batches=3) == 3  # said outright, kept
+
+
 def test_demo_eval_fits_beside_the_serve_app():
     """A second `make demo` evaluates while the first one's Serve app (configs/serve/tiny_cpu.yaml) serves."""
     from serve.serve_config import Config as ServeConfig
@@ -91,6 +101,7 @@ def test_demo_eval_fits_beside_the_serve_app():
     (["engine.engine_kwargs={max_num_seqs: 4}"], "engine_kwargs.max_num_seqs"),
     (["sampling.temperature=-1"], "sampling.temperature"),
     (["metrics=[bleu]"], "metrics"),
+    (["max_concurrent_batches=0"], "max_concurrent_batches"),
 ])
 def test_config_errors_name_the_field(override, field):
     with pytest.raises(ConfigError, match=r"configs/batch/eval_tiny\.yaml: (engine\.)?" + re.escape(field)):
@@ -299,3 +310,26 @@ def test_engine_stage_is_rayline_s_udf_with_ray_s_cpu_placement(ray_session, tin
     # Swapping the UDF must keep what Ray derived from the placement group: half a CPU and no GPU.
     assert kwargs["num_cpus"] == 0.5 and not kwargs.get("num_gpus"), kwargs
     assert kwargs["runtime_env"]["env_vars"][eng.ENGINE_CORE_START_ENV] == "fork"  # the actor forks EngineCore
+
+
+@pytest.mark.slow  # imports vLLM
+def test_engine_stage_requests_ask_vllm_for_the_final_output_only():
+    import asyncio
+
+    from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineWrapper, vLLMTaskType
+    from vllm.sampling_params import RequestOutputKind
+
+    from serve.batch.engine_stage import final_outputs_only
+
+    # Ray's own request preparation, without an engine behind it (it only reads these attributes).
+    wrapper = object.__new__(vLLMEngineWrapper)
+    wrapper.request_id, wrapper.task_type, wrapper.model = 0, vLLMTaskType.GENERATE, "m"
+    wrapper.idx_in_batch_column = "__idx_in_batch"
+    row = {"prompt": "hi", "sampling_params": {"max_tokens": 5, "temperature": 0.0}, "__idx_in_batch": 3}
+    plain = asyncio.run(wrapper._prepare_llm_request(dict(row, sampling_params=dict(row["sampling_params"]))))
+    assert plain.params.output_kind == RequestOutputKind.CUMULATIVE  # Ray's default: an output every step
+
+    final_outputs_only(wrapper)
+    request = asyncio.run(wrapper._prepare_llm_request(row))
+    assert request.params.output_kind == RequestOutputKind.FINAL_ONLY
+    assert request.params.max_tokens == 5 and request.prompt == "hi" and request.idx_in_batch == 3
