@@ -12,10 +12,12 @@ tokens, exact: per-request max_tokens with ignore_eos). Output tokens per second
       time, and end to end including every import, Ray start, model resolution, engine start-up and writing
       Parquet; (c') the same with Ray started (and settled) before the clock, as a job on a running cluster.
 The end-to-end ratios are (c) and (c') end to end over (b) end to end; both clocks start before any import.
-(b) and (c) use the same engine settings (serve/engine.py: one compute thread for an engine that reserves one
-CPU), each part runs in its own process, one at a time. (b') is (b) with a compute thread per core, plain
-vLLM's default; (a) runs torch's default (a thread per core) too. Every part runs --rounds times in alternating
-order (a b c c' b' | b' c' c b a) and is pooled over its rounds: the machine's speed drifts within minutes.
+(a), (b) and (c) compute with the same threads: the engine settings' (serve/engine.py: one compute thread for
+an engine that reserves one CPU, the rest of a 2-core node left to Ray Data's other stages). (a'), (b') and
+(c'') are (a), (b) and (c) with a compute thread per core, torch's and plain vLLM's own default, compared
+with each other. Each part runs in its own process, one at a time, --rounds times in alternating order
+(a b c c' a' b' c'' | c'' b' a' c' c b a), and is pooled over its rounds: the machine's speed drifts within
+minutes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ ENGINE = {  # serve.engine.EngineConfig fields, shared by (b) and (c)
     "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 128, "dtype": "bfloat16", "enforce_eager": True,
     "kv_cache_memory_bytes": 512 * 1024**2, "cpus_per_engine": 1.0, "enable_prefix_caching": False,
 }
+
+
+def engine_fields(all_cores: bool) -> dict:
+    """ENGINE, or ENGINE with a compute thread per core (vLLM's own default on CPU)."""
+    return {**ENGINE, "env_vars": {"OMP_NUM_THREADS": str(os.cpu_count())}} if all_cores else ENGINE
 
 
 def workload(work: Path, n: int, seed: int = 0) -> dict:
@@ -68,9 +75,16 @@ def chat_prompts(model: str, prompts: str) -> tuple[list[str], list[int]]:
     return texts, [r["sampling_params"]["max_tokens"] for r in rows]
 
 
-def part_hf(w: dict, n: int) -> dict:
+def part_hf(w: dict, n: int, all_cores: bool = False) -> dict:
     """(a) static batches: left-pad, generate until the batch's longest request, count each request's own tokens.
-    Runs the first n prompts only (it is the slow baseline; tokens/s over a sample of the same mix)."""
+    Runs the first n prompts only (it is the slow baseline; tokens/s over a sample of the same mix), with the
+    engine's compute threads, or with `all_cores` a thread per core (torch's default)."""
+    from pipelines.config import from_dict
+    from serve import engine as eng
+
+    assert "torch" not in sys.modules, "torch was imported before its thread count was set"
+    cfg = from_dict(eng.EngineConfig, {"model": w["model"], **engine_fields(all_cores)})
+    os.environ["OMP_NUM_THREADS"] = eng.runtime_env(cfg)["env_vars"]["OMP_NUM_THREADS"]
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -88,7 +102,7 @@ def part_hf(w: dict, n: int) -> dict:
                 model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
                                pad_token_id=tok.pad_token_id)
         out[f"batch_{batch}"] = sum(lengths) / (time.perf_counter() - started)
-    out["prompts"] = len(texts)
+    out["prompts"], out["threads"] = len(texts), torch.get_num_threads()
     out["tokens_per_s"] = max(out["batch_32"], out["batch_64"])
     return out
 
@@ -100,8 +114,7 @@ def part_vllm(w: dict, all_cores: bool = False) -> dict:
     from serve import engine as eng
 
     t0 = time.perf_counter()  # end to end from here: torch, transformers and vLLM imports, chat template, engine
-    threads = {"env_vars": {"OMP_NUM_THREADS": str(os.cpu_count())}} if all_cores else {}
-    cfg = from_dict(eng.EngineConfig, {"model": w["model"], **ENGINE, **threads})
+    cfg = from_dict(eng.EngineConfig, {"model": w["model"], **engine_fields(all_cores)})
     # The same engine environment as rayline's engine actor, set before anything imports torch (transformers
     # does): torch reads OMP_NUM_THREADS once, at import, and would otherwise run one thread per core.
     assert "torch" not in sys.modules, "torch was imported before the engine environment was set"
@@ -121,10 +134,11 @@ def part_vllm(w: dict, all_cores: bool = False) -> dict:
             "generate_s": took}
 
 
-def part_rayline(w: dict, work: Path, running_ray: bool = False) -> dict:
+def part_rayline(w: dict, work: Path, running_ray: bool = False, all_cores: bool = False) -> dict:
     """(c) the stage itself, prompts from JSONL to Parquet, on a local 2-CPU Ray of its own (never a cluster
     someone else started on the machine): started inside the clock, as a script that brings its own Ray pays
-    it, or with `running_ray` started and settled before it, as a job on a running cluster finds it."""
+    it, or with `running_ray` started and settled before it, as a job on a running cluster finds it; with
+    `all_cores`, the engine computes with a thread per core (it still reserves one CPU)."""
     started = time.perf_counter()  # end to end from here, like (b): every import is in the clock
     import ray
 
@@ -134,7 +148,7 @@ def part_rayline(w: dict, work: Path, running_ray: bool = False) -> dict:
 
     cfg = from_dict(Config, {
         "mode": "infer", "input_uri": w["prompts"], "output_uri": str(work / "rayline-out"), "overwrite": True,
-        "engine": {"model": w["model"], **ENGINE},
+        "engine": {"model": w["model"], **engine_fields(all_cores)},
         "batch_size": 32, "cpu_stage_num_cpus": 0.25,  # max_concurrent_batches: the stage's own (4 x 128 rows)
     }, "bench")
     os.environ.pop("RAY_ADDRESS", None)
@@ -150,6 +164,9 @@ def part_rayline(w: dict, work: Path, running_ray: bool = False) -> dict:
         "tokens_per_s": result.steady_output_tokens_per_s, "e2e_tokens_per_s": result.output_tokens / e2e_s,
         "e2e_s": e2e_s, "startup_s": e2e_s - result.output_tokens / result.steady_output_tokens_per_s,
     }
+
+
+ORDER = ["hf", "vllm", "rayline", "rayline-running-ray", "hf-all-cores", "vllm-all-cores", "rayline-all-cores"]
 
 
 def pool(results: list[dict]) -> dict:
@@ -179,31 +196,33 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/rayline-bench"))
     p.add_argument("--hf-prompts", type=int, default=128, help="prompts (a) runs: at ~50 tok/s all 512 take an hour")
     p.add_argument("--rounds", type=int, default=2, help="runs of every part, alternating the order")
-    p.add_argument("--part", choices=["hf", "vllm", "vllm-all-cores", "rayline", "rayline-running-ray"],
-                   help=argparse.SUPPRESS)
+    p.add_argument("--part", choices=ORDER, help=argparse.SUPPRESS)
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     w = workload(args.work, args.prompts)
     if args.part:
         parts = {"hf": lambda: part_hf(w, args.hf_prompts), "vllm": lambda: part_vllm(w),
-                 "vllm-all-cores": lambda: part_vllm(w, all_cores=True), "rayline": lambda: part_rayline(w, args.work),
-                 "rayline-running-ray": lambda: part_rayline(w, args.work, running_ray=True)}
+                 "rayline": lambda: part_rayline(w, args.work),
+                 "rayline-running-ray": lambda: part_rayline(w, args.work, running_ray=True),
+                 "hf-all-cores": lambda: part_hf(w, args.hf_prompts, all_cores=True),
+                 "vllm-all-cores": lambda: part_vllm(w, all_cores=True),
+                 "rayline-all-cores": lambda: part_rayline(w, args.work, all_cores=True)}
         result = parts[args.part]()
         print("RESULT " + json.dumps(result), flush=True)
         return
 
     # The machine's speed drifts by up to 2x within minutes, so every part runs --rounds times, in A-B-C..C-B-A
     # order, and each figure is pooled over its rounds (the same tokens each round: the harmonic mean of rates).
-    order = ["hf", "vllm", "rayline", "rayline-running-ray", "vllm-all-cores"]
-    runs: dict[str, list[dict]] = {name: [] for name in order}
+    runs: dict[str, list[dict]] = {name: [] for name in ORDER}
     for r in range(args.rounds):
-        for name in (order if r % 2 == 0 else order[::-1]):
+        for name in (ORDER if r % 2 == 0 else ORDER[::-1]):
             runs[name].append(run_part(name, args))
-    hf, vllm, rl, rl_running, vllm_all = (pool(runs[name]) for name in order)
+    hf, vllm, rl, rl_running, hf_all, vllm_all, rl_all = (pool(runs[name]) for name in ORDER)
     print(f"\nworkload: {args.prompts} prompts, {sum(w['lengths']):,} output tokens (16-256 each), small model, "
           f"dtype {ENGINE['dtype']}, {os.cpu_count()} CPUs; {args.rounds} rounds per part, pooled")
     print(f"(a) hf generate, static batches:  {hf['tokens_per_s']:8.1f} tok/s "
-          f"(batch 32: {hf['batch_32']:.1f}, batch 64: {hf['batch_64']:.1f}; first {int(hf['prompts'])} prompts)")
+          f"(batch 32: {hf['batch_32']:.1f}, batch 64: {hf['batch_64']:.1f}; first {int(hf['prompts'])} prompts; "
+          f"{int(hf['threads'])} thread)")
     print(f"(b) vllm LLM.generate:            {vllm['tokens_per_s']:8.1f} tok/s steady state, "
           f"{vllm['e2e_tokens_per_s']:.1f} tok/s end to end (import + engine start {vllm['startup_s']:.1f} s)")
     print(f"(c) rayline batch stage:          {rl['tokens_per_s']:8.1f} tok/s steady state, "
@@ -212,15 +231,22 @@ def main() -> None:
     print(f"(c') rayline, Ray already up:     {rl_running['tokens_per_s']:8.1f} tok/s steady state, "
           f"{rl_running['e2e_tokens_per_s']:.1f} tok/s end to end ({rl_running['e2e_s']:.1f} s, "
           f"~{rl_running['startup_s']:.1f} s start-up)")
-    print(f"(b') vllm LLM.generate, {os.cpu_count()} threads: {vllm_all['tokens_per_s']:8.1f} tok/s steady state, "
-          f"{vllm_all['e2e_tokens_per_s']:.1f} tok/s end to end (vLLM's default: a compute thread per core)")
+    print(f"a thread per core ({os.cpu_count()}), each side's own default:")
+    print(f"(a') hf generate:                 {hf_all['tokens_per_s']:8.1f} tok/s "
+          f"(batch 32: {hf_all['batch_32']:.1f}, batch 64: {hf_all['batch_64']:.1f})")
+    print(f"(b') vllm LLM.generate:           {vllm_all['tokens_per_s']:8.1f} tok/s steady state, "
+          f"{vllm_all['e2e_tokens_per_s']:.1f} tok/s end to end")
+    print(f"(c'') rayline batch stage:        {rl_all['tokens_per_s']:8.1f} tok/s steady state, "
+          f"{rl_all['e2e_tokens_per_s']:.1f} tok/s end to end")
     print(f"rayline vs hf generate: {rl['tokens_per_s'] / hf['tokens_per_s']:.1f}x")
     print(f"rayline vs vllm (steady state): {rl['tokens_per_s'] / vllm['tokens_per_s']:.2f}x")
     # End to end compares like with like: each side's tokens over its own start-up + generation time.
     print(f"rayline vs vllm (end to end): {rl['e2e_tokens_per_s'] / vllm['e2e_tokens_per_s']:.2f}x")
     print(f"rayline vs vllm (end to end, on a running Ray): "
           f"{rl_running['e2e_tokens_per_s'] / vllm['e2e_tokens_per_s']:.2f}x")
-    print(f"rayline vs vllm on all cores (steady state): {rl['tokens_per_s'] / vllm_all['tokens_per_s']:.2f}x")
+    print(f"rayline vs hf generate (a thread per core): {rl_all['tokens_per_s'] / hf_all['tokens_per_s']:.1f}x")
+    print(f"rayline vs vllm (a thread per core, steady state): "
+          f"{rl_all['tokens_per_s'] / vllm_all['tokens_per_s']:.2f}x")
 
 
 if __name__ == "__main__":
