@@ -7,7 +7,6 @@ Kept apart from pipeline.py because importing it pulls in vLLM (through Ray's st
 from __future__ import annotations
 
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
-from vllm.sampling_params import RequestOutputKind, SamplingParams
 
 from serve import engine as eng
 
@@ -27,6 +26,8 @@ def final_outputs_only(wrapper) -> None:
     own `LLM.generate` does. Ray leaves vLLM's default, CUMULATIVE: every engine step then builds, for every
     running request, an output with all its text and tokens so far, which the stage reads and drops until
     the last one. That is per-token Python work on the cores the engine computes on."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
     prepare = wrapper._prepare_llm_request
 
     async def prepare_final_only(row):
