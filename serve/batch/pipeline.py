@@ -19,8 +19,8 @@ import contextlib
 import math
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -193,9 +193,7 @@ class PlanWarmUp:
         self._thread.submit(_quietly, _read_model_config, model_path)
 
     def start_telemetry_actor(self) -> None:
-        from ray.llm._internal.batch.observability.usage_telemetry.usage import get_or_create_telemetry_agent
-
-        get_or_create_telemetry_agent()  # named, get_if_exists: build_processor's call finds this one
+        _quietly(_create_telemetry_actor)
 
     def wait(self) -> None:
         self._thread.shutdown(wait=True)
@@ -212,6 +210,12 @@ def _quietly(fn, *args) -> None:
 def _import_engine_stage() -> None:
     with without_vllm():
         import serve.batch.engine_stage  # noqa: F401
+
+
+def _create_telemetry_actor() -> None:
+    from ray.llm._internal.batch.observability.usage_telemetry.usage import get_or_create_telemetry_agent
+
+    get_or_create_telemetry_agent()  # named, get_if_exists: build_processor's call finds this one
 
 
 def _read_model_config(model_path: str) -> None:
