@@ -112,11 +112,16 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
 
 
 def engine_processor(cfg: Config, model_path: str):
-    """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py."""
+    """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py; built with
+    vLLM hidden (`without_vllm`), from the imports to the plan."""
     with without_vllm():
-        from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+        return _engine_processor(cfg, model_path)
 
-        from serve.batch.engine_stage import use_rayline_engine_stage
+
+def _engine_processor(cfg: Config, model_path: str):
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    from serve.batch.engine_stage import use_rayline_engine_stage
 
     e = cfg.engine
     config = vLLMEngineProcessorConfig(
@@ -146,8 +151,7 @@ def engine_processor(cfg: Config, model_path: str):
     # is up, and refuses the Jobs API's http:// address that a Ray job (and the local stack) sets.
     address = os.environ.pop("RAY_ADDRESS", None) if os.environ.get("RAY_ADDRESS", "").startswith("http") else None
     try:
-        with without_vllm():
-            processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
+        processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
     finally:
         if address:
             os.environ["RAY_ADDRESS"] = address
