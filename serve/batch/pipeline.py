@@ -9,18 +9,16 @@
 then, from the written Parquet: totals, eval metrics, and in eval mode an MLflow run plus `eval.*` tags on
 the model version. ray.data.llm's own chat-template/tokenize/detokenize stages are off: PromptValidator has
 to tokenize anyway to refuse over-long prompts, and vLLM detokenizes as it generates, so each would only
-be one more actor pool competing for the same cores. The driver builds the plan without vLLM
-(`without_vllm`): only the engine actors run it.
+be one more actor pool competing for the same cores. The driver builds the plan without vLLM and without
+transformers' model code, and starts the cluster's singleton actors early (serve/batch/driver_start.py): only
+the engine actors run vLLM.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -33,6 +31,9 @@ from pipelines.ray_cluster import init_ray
 from serve import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
+from serve.batch.driver_start import (
+    PlanWarmUp, config_json_as_autoconfig, telemetry_report_in_background, without_vllm,
+)
 from serve.batch.rows import PromptValidator, result_rows
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
 
@@ -113,8 +114,9 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
 
 def engine_processor(cfg: Config, model_path: str):
     """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py; built with
-    vLLM hidden (`without_vllm`), from the imports to the plan."""
-    with without_vllm():
+    vLLM hidden and the model's config read from config.json (serve/batch/driver_start.py), from the imports
+    to the plan."""
+    with without_vllm(), config_json_as_autoconfig():
         return _engine_processor(cfg, model_path)
 
 
@@ -151,81 +153,13 @@ def _engine_processor(cfg: Config, model_path: str):
     # is up, and refuses the Jobs API's http:// address that a Ray job (and the local stack) sets.
     address = os.environ.pop("RAY_ADDRESS", None) if os.environ.get("RAY_ADDRESS", "").startswith("http") else None
     try:
-        processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
+        with telemetry_report_in_background():
+            processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
     finally:
         if address:
             os.environ["RAY_ADDRESS"] = address
     use_rayline_engine_stage(processor)
     return processor
-
-
-@contextlib.contextmanager
-def without_vllm():
-    """Imports inside see vLLM as not installed, unless this process has imported it already.
-
-    ray.data.llm builds its plan on a driver without vLLM (a CPU head node): its engine stage module imports
-    vLLM only in a try block, for an exception class that the engine actors use, and every other use is
-    inside the actors. rayline's driver has vLLM installed but never runs it, so it builds the plan with vLLM
-    hidden: ~7 s less on 2 cores (vLLM's import) before the engine actors can start, and ~0.5 GB less on the
-    driver. The actors import the stage afresh, with vLLM. A None in sys.modules makes `import vllm` raise
-    ImportError; it is removed on the way out, so a later `import vllm` here works."""
-    if "vllm" in sys.modules:
-        yield
-        return
-    sys.modules["vllm"] = None
-    try:
-        yield
-    finally:
-        if "vllm" in sys.modules and sys.modules["vllm"] is None:
-            del sys.modules["vllm"]
-
-
-class PlanWarmUp:
-    """What building the plan waits for, started while the driver resolves the model and connects to Ray.
-
-    On one thread, in order: the engine stage's imports (torch and Ray's stage modules, vLLM hidden; ~2 s on
-    2 cores), then the model's Hugging Face config, which build_processor reads for ray.data.llm's telemetry
-    report (its first read imports transformers' model modules, ~3 s). Nothing else the driver does
-    meanwhile imports vLLM. Once Ray is up, ray.data.llm's telemetry actor, which build_processor creates and
-    waits for (one more worker process, ~2 s), is created right away, so that it starts beside the imports."""
-
-    def __init__(self) -> None:
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="rayline-plan-warm-up")
-        self._thread.submit(_quietly, _import_engine_stage)
-
-    def read_model_config(self, model_path: str) -> None:
-        self._thread.submit(_quietly, _read_model_config, model_path)
-
-    def start_telemetry_actor(self) -> None:
-        _quietly(_create_telemetry_actor)
-
-    def wait(self) -> None:
-        self._thread.shutdown(wait=True)
-
-
-def _quietly(fn, *args) -> None:
-    """Warm-up only: engine_processor does the same work again and raises with its own traceback."""
-    try:
-        fn(*args)
-    except Exception:
-        pass
-
-
-def _import_engine_stage() -> None:
-    with without_vllm():
-        import serve.batch.engine_stage  # noqa: F401
-
-
-def _create_telemetry_actor() -> None:
-    from ray.llm._internal.batch.observability.usage_telemetry.usage import get_or_create_telemetry_agent
-
-    get_or_create_telemetry_agent()  # named, get_if_exists: build_processor's call finds this one
-
-
-def _read_model_config(model_path: str) -> None:
-    from transformers import AutoConfig
-
-    AutoConfig.from_pretrained(model_path)
 
 
 def run_pipeline(cfg: Config, model_path: str, info: eng.ModelInfo) -> None:
@@ -260,11 +194,10 @@ def main(cfg: Config) -> Result:
     started = time.perf_counter()
     warm_up = PlanWarmUp()
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
-    warm_up.read_model_config(model_path)
     eng.check_max_model_len(cfg.engine, model_path)
     prepare_output(cfg)
     init_ray()
-    warm_up.start_telemetry_actor()
+    warm_up.start_cluster_actors()
     warm_up.wait()
     run_pipeline(cfg, model_path, info)
     wall = time.perf_counter() - started

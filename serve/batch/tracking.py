@@ -6,8 +6,6 @@ details (per-task metrics, counts, throughput, the config as params) and `eval.r
 
 from __future__ import annotations
 
-import mlflow
-
 from pipelines import registry
 from pipelines.config import config_hash, flatten
 from serve.engine import ModelInfo
@@ -39,6 +37,8 @@ def run_tags(cfg, info: ModelInfo) -> dict[str, str]:
 
 def record_eval(cfg, info: ModelInfo, scores: dict[str, float], counts: dict[str, float]) -> str:
     """Log an eval run and tag the model version with its metrics; returns the run id."""
+    import mlflow  # here, not at the top: an infer-mode driver never needs it (pipelines/registry.py)
+
     with registry.start_run(cfg.mlflow_experiment, cfg.run_name or f"eval-{info.label}", tags=run_tags(cfg, info)) as run:
         params = {k: v for k, v in flatten(cfg).items() if v is not None}
         # MLflow params are short strings; long values (engine_kwargs blobs) are cut rather than refused.

@@ -1,4 +1,7 @@
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +77,11 @@ def test_ray_job_id_comes_from_the_job_supervisors_metadata(monkeypatch):
     assert registry.lineage_tags("data")[registry.TAG_RAY_JOB_ID] == "raysubmit_abc"
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{not json")
     assert registry.ray_job_id() is None
+
+
+def test_stage_code_imports_the_registry_without_mlflow():
+    # Engine actors and train workers import these for names and paths; mlflow (~0.8 s) only where it is called.
+    code = "import sys, pipelines.registry, serve.engine, serve.batch.pipeline; print(sorted(m for m in sys.modules if m.startswith('mlflow')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

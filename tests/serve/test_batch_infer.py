@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -313,26 +310,6 @@ def test_engine_stage_is_rayline_s_udf_with_ray_s_cpu_placement(ray_session, tin
     # Swapping the UDF must keep what Ray derived from the placement group: half a CPU and no GPU.
     assert kwargs["num_cpus"] == 0.5 and not kwargs.get("num_gpus"), kwargs
     assert kwargs["runtime_env"]["env_vars"][eng.ENGINE_CORE_START_ENV] == "fork"  # the actor forks EngineCore
-
-
-@pytest.mark.slow  # imports vLLM, in a fresh interpreter
-def test_the_driver_builds_the_plan_without_importing_vllm():
-    # A fresh interpreter, as a job's driver is: the test process may have imported vLLM already.
-    code = "\n".join([
-        "import sys",
-        "from serve.batch.pipeline import without_vllm",
-        "with without_vllm():",
-        "    from ray.data.llm import build_processor, vLLMEngineProcessorConfig",
-        "    from serve.batch.engine_stage import EngineStageUDF",
-        "    from ray.llm._internal.batch.processor import vllm_engine_proc",
-        "print('vllm modules:', sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))",
-        "import vllm.sampling_params  # hidden only inside the block",
-        "print('then imported:', vllm.sampling_params.RequestOutputKind.FINAL_ONLY.name)",
-    ])
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "vllm modules: []" in out.stdout and "then imported: FINAL_ONLY" in out.stdout, out.stdout
 
 
 @pytest.mark.slow  # imports vLLM

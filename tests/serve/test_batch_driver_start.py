@@ -1,0 +1,127 @@
+"""The batch driver's start-up (serve/batch/driver_start.py): the plan is built without vLLM and without
+transformers' model code, and ray.data.llm's telemetry report is sent without the plan waiting for it.
+
+The import checks run in a fresh interpreter, as a job's driver is: the test process has imported vLLM and
+transformers already.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import from_dict
+from serve import engine as eng
+from serve.batch.config import Config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_python(*lines: str) -> str:
+    out = subprocess.run([sys.executable, "-c", "\n".join(lines)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.slow  # imports vLLM, in a fresh interpreter
+def test_the_driver_builds_the_plan_without_importing_vllm():
+    out = run_python(
+        "import sys",
+        "from serve.batch.driver_start import without_vllm",
+        "with without_vllm():",
+        "    from ray.data.llm import build_processor, vLLMEngineProcessorConfig",
+        "    from serve.batch.engine_stage import EngineStageUDF",
+        "    from ray.llm._internal.batch.processor import vllm_engine_proc",
+        "print('vllm modules:', sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))",
+        "import vllm.sampling_params  # hidden only inside the block",
+        "print('then imported:', vllm.sampling_params.RequestOutputKind.FINAL_ONLY.name)",
+    )
+    assert "vllm modules: []" in out and "then imported: FINAL_ONLY" in out, out
+
+
+def test_autoconfig_stand_in_reads_config_json_and_leaves_the_rest_to_transformers(tiny_model_dir, tmp_path):
+    expected = json.loads((tiny_model_dir / "config.json").read_text())
+    out = run_python(
+        "import sys",
+        "from serve.batch.driver_start import config_json_as_autoconfig",
+        "with config_json_as_autoconfig():",
+        "    import transformers",
+        f"    c = transformers.AutoConfig.from_pretrained({str(tiny_model_dir)!r}, trust_remote_code=False)",
+        "    print('config:', c.architectures, c.model_type, c.max_position_embeddings)",
+        "    print('model modules:', sorted(m for m in sys.modules if m.startswith('transformers.models')))",
+        "print('after the block:', 'transformers' in sys.modules)",
+        "with config_json_as_autoconfig():",
+        "    import transformers",
+        "    print('other names:', transformers.__version__ == __import__('importlib.metadata').metadata.version('transformers'))",
+        "    try:",
+        f"        transformers.AutoConfig.from_pretrained({str(tmp_path / 'no-config-here')!r})",
+        "    except OSError as e:",
+        "        print('no config.json: real AutoConfig:', type(e).__name__)",
+        "print('after the second:', type(sys.modules['transformers']).__name__)",
+    )
+    assert f"config: {expected['architectures']} {expected['model_type']} {expected['max_position_embeddings']}" in out
+    assert "model modules: []" in out and "after the block: False" in out, out
+    assert "other names: True" in out and "no config.json: real AutoConfig: OSError" in out, out
+    # Once the real package was imported it stays: the stand-in never outlives the block.
+    assert "after the second: _LazyModule" in out, out
+
+
+@pytest.mark.slow  # imports vLLM through ray.data.llm; builds the plan on the test stack's Ray, runs nothing
+def test_the_telemetry_report_reaches_ray_s_actor(ray_session, tiny_model_dir):
+    from ray.llm._internal.batch.observability.usage_telemetry.usage import (
+        LLM_BATCH_TELEMETRY_ACTOR_NAME, LLM_BATCH_TELEMETRY_NAMESPACE, BatchTelemetryTags,
+    )
+
+    from serve.batch.pipeline import engine_processor
+
+    batch_size = 29  # a value no other test's processor reports
+    cfg = from_dict(Config, {"input_uri": "p.jsonl", "output_uri": "out", "num_engines": 1, "batch_size": batch_size,
+                             "engine": {"model": str(tiny_model_dir), "accelerator": "cpu", "max_model_len": 256,
+                                        "kv_cache_memory_bytes": 64 * eng.MiB}})
+    engine_processor(cfg, str(tiny_model_dir))
+    agent = ray_session.get_actor(LLM_BATCH_TELEMETRY_ACTOR_NAME, namespace=LLM_BATCH_TELEMETRY_NAMESPACE)
+    deadline = time.monotonic() + 60
+    while True:  # sent without waiting: it lands once the actor has taken it
+        report = ray_session.get(agent.generate_report.remote())
+        if str(batch_size) in report[BatchTelemetryTags.LLM_BATCH_SIZE].split(",") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert str(batch_size) in report[BatchTelemetryTags.LLM_BATCH_SIZE].split(","), report
+    assert "LlamaForCausalLM" in report[BatchTelemetryTags.LLM_BATCH_MODEL_ARCHITECTURE].split(","), report
+
+
+@pytest.mark.slow  # imports ray.data.llm
+@pytest.mark.timeout(120)
+def test_the_telemetry_report_does_not_wait_for_the_actor(ray_session):
+    from ray.llm._internal.batch.observability.usage_telemetry.usage import TelemetryAgent
+
+    from serve.batch.driver_start import telemetry_report_in_background
+
+    @ray_session.remote(num_cpus=0)
+    class Busy:  # an actor that takes a report only when told to, like one still starting
+        def __init__(self):
+            self.reports = []
+
+        async def record(self, telemetry):
+            while not self.reports:
+                await __import__("asyncio").sleep(0.1)
+            self.reports.append(telemetry)
+
+        async def release(self):
+            self.reports.append("released")
+            return len(self.reports)
+
+    busy = Busy.remote()
+    agent = object.__new__(TelemetryAgent)
+    agent.remote_telemetry_agent = busy
+    with telemetry_report_in_background():
+        agent.push_telemetry_report("report")  # Ray's own push would wait here until the timeout
+    assert ray_session.get(busy.release.remote()) == 1
+    assert TelemetryAgent.push_telemetry_report.__name__ == "push_telemetry_report"  # restored on the way out
+    ray_session.kill(busy)
