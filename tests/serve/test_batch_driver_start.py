@@ -1,4 +1,4 @@
-"""The batch driver's start-up (serve/batch/driver_start.py): the plan is built without vLLM and without
+"""The batch driver's start-up (serve/batch/driver_start.py): the plan is built without vLLM or
 transformers' model code, and ray.data.llm's telemetry report is sent without the plan waiting for it.
 
 The import checks run in a fresh interpreter, as a job's driver is: the test process has imported vLLM and
@@ -29,20 +29,32 @@ def run_python(*lines: str) -> str:
     return out.stdout
 
 
-@pytest.mark.slow  # imports vLLM, in a fresh interpreter
-def test_the_driver_builds_the_plan_without_importing_vllm():
+@pytest.mark.slow  # the actors' imports run in the test stack's Ray; the driver's in a fresh interpreter
+def test_the_driver_builds_the_plan_without_vllm_or_transformers_model_code(local_stack, tiny_model_dir):
+    cfg = {"input_uri": "p.jsonl", "output_uri": "out", "num_engines": 1,
+           "engine": {"model": str(tiny_model_dir), "accelerator": "cpu", "max_model_len": 256,
+                      "kv_cache_memory_bytes": 64 * eng.MiB}}
     out = run_python(
         "import sys",
-        "from serve.batch.driver_start import without_vllm",
-        "with without_vllm():",
-        "    from ray.data.llm import build_processor, vLLMEngineProcessorConfig",
-        "    from serve.batch.engine_stage import EngineStageUDF",
-        "    from ray.llm._internal.batch.processor import vllm_engine_proc",
-        "print('vllm modules:', sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))",
-        "import vllm.sampling_params  # hidden only inside the block",
-        "print('then imported:', vllm.sampling_params.RequestOutputKind.FINAL_ONLY.name)",
+        "from pipelines.config import from_dict",
+        "from pipelines.ray_cluster import init_ray",
+        "from serve.batch.config import Config",
+        "from serve.batch.driver_start import PlanWarmUp",
+        "from serve.batch.pipeline import engine_processor",
+        "warm_up = PlanWarmUp()",
+        "init_ray()",
+        "warm_up.start_cluster_actors()",
+        "warm_up.wait()",
+        f"processor = engine_processor(from_dict(Config, {cfg!r}), {str(tiny_model_dir)!r})",
+        "print('stage:', processor.get_stage_by_name('vLLMEngineStage').fn.__name__)",
+        "print('vllm:', sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))",
+        "print('transformers models:', sorted(m for m in sys.modules if m.startswith('transformers.models')))",
+        "import vllm.sampling_params  # hidden only while the plan is built",
+        "print('then:', vllm.sampling_params.RequestOutputKind.FINAL_ONLY.name)",
     )
-    assert "vllm modules: []" in out and "then imported: FINAL_ONLY" in out, out
+    assert "stage: EngineStageUDF" in out, out
+    assert "vllm: []" in out and "transformers models: []" in out, out
+    assert "then: FINAL_ONLY" in out, out
 
 
 def test_autoconfig_stand_in_reads_config_json_and_leaves_the_rest_to_transformers(tiny_model_dir, tmp_path):
