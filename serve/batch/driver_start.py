@@ -118,12 +118,13 @@ class PlanWarmUp:
     to Ray.
 
     On one thread: the engine stage's imports (torch and Ray's stage modules, vLLM hidden; ~1.5 s on 2 cores).
-    Once Ray is up (`start_cluster_actors`), the named actors that build_processor and Ray Data's executor
-    create with get_if_exists and then wait for: ray.data.llm's telemetry agent, Ray Data's stats actor,
-    autoscaling coordinator and actor location tracker. On a fresh cluster each is a new worker process
-    (~1 s each), and Ray starts only as many worker processes at once as the node has CPUs, so created at
-    execution start they queue ahead of the engine actors; created here, they start beside the imports. On a
-    long-running cluster they exist already (they are detached) and this finds them."""
+    Once Ray is up (`start_cluster_actors`): the named actors that the plan and Ray Data's executor would
+    create (get_if_exists) at its start: Ray Data's stats actor (the driver waits on it for the dataset id),
+    ray.data.llm's telemetry agent, Ray Data's actor location tracker and autoscaling coordinator. On a fresh
+    cluster each is a new worker process importing Ray Data (~1 s of CPU), and a node starts only as many
+    worker processes at once as it has CPUs: created here, they start beside the driver's imports instead of
+    in the same queue as the engine actors. On a long-running cluster Ray Data's three exist already (they
+    are detached) and this finds them."""
 
     def __init__(self) -> None:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="rayline-plan-warm-up")
@@ -131,7 +132,6 @@ class PlanWarmUp:
 
     def start_cluster_actors(self) -> None:
         _quietly(_create_cluster_actors)
-        _quietly(_create_executor_actors)
 
     def wait(self) -> None:
         self._thread.shutdown(wait=True)
@@ -154,19 +154,14 @@ def _import_engine_stage() -> None:
 
 
 def _create_cluster_actors() -> None:
-    from ray.data._internal.stats import get_or_create_stats_actor
-    from ray.llm._internal.batch.observability.usage_telemetry.usage import get_or_create_telemetry_agent
-
-    # The two the driver waits on: build_processor's telemetry report and the dataset id from the stats actor.
-    get_or_create_telemetry_agent()
-    get_or_create_stats_actor()
-
-
-def _create_executor_actors() -> None:
     from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
         get_or_create_autoscaling_coordinator,
     )
     from ray.data._internal.execution.node_trackers.actor_location import get_or_create_actor_location_tracker
+    from ray.data._internal.stats import get_or_create_stats_actor
+    from ray.llm._internal.batch.observability.usage_telemetry.usage import get_or_create_telemetry_agent
 
+    get_or_create_stats_actor()  # first: the one the driver waits on
+    get_or_create_telemetry_agent()
     get_or_create_actor_location_tracker()
     get_or_create_autoscaling_coordinator()
