@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
-@contextlib.contextmanager
 def without_vllm():
     """Imports inside see vLLM as not installed, unless this process has imported it already.
 
@@ -31,18 +30,9 @@ def without_vllm():
     hidden: ~7 s less on 2 cores (vLLM's import) before the engine actors can start, and ~0.5 GB less on the
     driver. The actors import the stage afresh, with vLLM. A None in sys.modules makes `import vllm` raise
     ImportError; it is removed on the way out, so a later `import vllm` here works."""
-    if "vllm" in sys.modules:
-        yield
-        return
-    sys.modules["vllm"] = None
-    try:
-        yield
-    finally:
-        if "vllm" in sys.modules and sys.modules["vllm"] is None:
-            del sys.modules["vllm"]
+    return _standing_in("vllm", None)
 
 
-@contextlib.contextmanager
 def config_json_as_autoconfig():
     """Inside, `transformers.AutoConfig.from_pretrained(path)` reads `path/config.json`, unless this process
     has imported transformers already.
@@ -53,16 +43,22 @@ def config_json_as_autoconfig():
     module answers it from config.json (the same fields AutoConfig reads, as attributes). Anything else asked
     of the stand-in, and any model without a local config.json (a Hugging Face id), gets the real package,
     imported then. The stand-in leaves sys.modules on the way out."""
-    if "transformers" in sys.modules:
+    return _standing_in("transformers", _ConfigJsonTransformers("transformers"))
+
+
+@contextlib.contextmanager
+def _standing_in(name: str, stand_in: types.ModuleType | None):
+    """Inside, `stand_in` is sys.modules[name] (None: the module reads as not installed), unless this process
+    has imported `name` already. On the way out it leaves sys.modules, unless the real module replaced it."""
+    if name in sys.modules:
         yield
         return
-    stand_in = _ConfigJsonTransformers("transformers")
-    sys.modules["transformers"] = stand_in
+    sys.modules[name] = stand_in
     try:
         yield
     finally:
-        if sys.modules.get("transformers") is stand_in:
-            del sys.modules["transformers"]
+        if name in sys.modules and sys.modules[name] is stand_in:
+            del sys.modules[name]
 
 
 def _real_transformers() -> types.ModuleType:

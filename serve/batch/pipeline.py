@@ -114,9 +114,9 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
 
 def engine_processor(cfg: Config, model_path: str):
     """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py; built with
-    vLLM hidden and the model's config read from config.json (serve/batch/driver_start.py), from the imports
-    to the plan."""
-    with without_vllm(), config_json_as_autoconfig():
+    vLLM hidden, the model's config read from config.json and the telemetry report not waited for
+    (serve/batch/driver_start.py), from the imports to the plan."""
+    with without_vllm(), config_json_as_autoconfig(), telemetry_report_in_background():
         return _engine_processor(cfg, model_path)
 
 
@@ -153,8 +153,7 @@ def _engine_processor(cfg: Config, model_path: str):
     # is up, and refuses the Jobs API's http:// address that a Ray job (and the local stack) sets.
     address = os.environ.pop("RAY_ADDRESS", None) if os.environ.get("RAY_ADDRESS", "").startswith("http") else None
     try:
-        with telemetry_report_in_background():
-            processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
+        processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
     finally:
         if address:
             os.environ["RAY_ADDRESS"] = address
