@@ -70,7 +70,7 @@ class Config:
     overwrite: bool = False
     """Replace an existing output directory; otherwise a non-empty one is an error."""
     num_engines: int = 1
-    """Upper bound of the engine actor pool (it autoscales from 1)."""
+    """Engine actors: a fixed pool, all started at once (each holds engine.cpus_per_engine CPUs)."""
     batch_size: int = 16
     """Rows per engine call."""
     max_concurrent_batches: int | None = None
@@ -80,7 +80,7 @@ class Config:
     engine to stay full. Ray's stage admits at most 1.1 x max_num_seqs of them to vLLM at a time; the rest
     wait in the actor, not in vLLM's queue."""
     cpu_stage_num_cpus: float = 0.25
-    """Logical CPUs per read/validate/result/write worker. Fractional so they fit beside the engine on a small
+    """Logical CPUs per read/result/write task. Fractional so they fit beside the engine on a small
     node: Ray Data's default of 1 CPU per task, with the engine holding the rest, deadlocks a 2-core machine."""
     cache_dir: str | None = None
     """Where s3:// and MLflow-artifact checkpoints are copied for vLLM (default ~/.cache/rayline/models)."""

@@ -1,24 +1,43 @@
-"""ray.data.llm's vLLM engine stage with rayline's engine start-up (serve.engine.apply_engine_core_start) and
-answers sent once per request.
+"""ray.data.llm's vLLM engine stage with rayline's engine start-up (serve.engine.apply_engine_core_start),
+the prompt validation in front of it, and answers sent once per request.
 
 Kept apart from pipeline.py because importing it pulls in vLLM (through Ray's stage module).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
 from serve import engine as eng
+from serve.batch.rows import PromptValidator
 
 
 class EngineStageUDF(vLLMEngineStageUDF):
     """Ray's engine stage UDF, started the way the engine config says (fork on CPU: no second vLLM import),
-    whose requests ask vLLM for their final output only."""
+    that turns each batch's raw input rows into requests or refusals (rows.PromptValidator) before Ray's
+    stage sees them, and whose requests ask vLLM for their final output only.
 
-    def __init__(self, *args, **kwargs):
+    Validating here rather than in an actor of its own: the engine process has transformers imported and the
+    tokenizer on disk already, while a validator actor costs a worker process and ~4 s of transformers and
+    torch imports, on the same cores and at the same moment as the engine's start (the run's critical path).
+    Tokenizing a batch takes milliseconds; vLLM takes the token ids as they are.
+
+    `validator`: PromptValidator's arguments other than the model (max_model_len, sampling_defaults, jsonl).
+    """
+
+    def __init__(self, *args, validator: dict[str, Any], **kwargs):
         eng.apply_engine_core_start()
         super().__init__(*args, **kwargs)
         final_outputs_only(self.llm)
+        self.validator = PromptValidator(self.model, **validator)
+
+    async def __call__(self, batch: dict[str, Any]):
+        if isinstance(batch, dict) and self.data_column in batch:
+            batch[self.data_column] = self.validator.requests(batch[self.data_column])
+        async for out in super().__call__(batch):
+            yield out
 
 
 def final_outputs_only(wrapper) -> None:
@@ -39,10 +58,13 @@ def final_outputs_only(wrapper) -> None:
     wrapper._prepare_llm_request = prepare_final_only
 
 
-def use_rayline_engine_stage(processor) -> None:
-    """Run `processor`'s vLLM engine stage with EngineStageUDF; the stage keeps every other setting.
+def use_rayline_engine_stage(processor, validator: dict[str, Any]) -> None:
+    """Run `processor`'s vLLM engine stage with EngineStageUDF (validating with `validator`'s settings); the
+    stage keeps every other setting.
 
     A copy, not an assignment: the stage validates assignments by re-running its set-up on the already
     processed arguments, which loses the placement group and asks for a GPU."""
     name = "vLLMEngineStage"
-    processor.stages[name] = processor.get_stage_by_name(name).model_copy(update={"fn": EngineStageUDF})
+    stage = processor.get_stage_by_name(name)
+    kwargs = {**stage.fn_constructor_kwargs, "validator": validator}
+    processor.stages[name] = stage.model_copy(update={"fn": EngineStageUDF, "fn_constructor_kwargs": kwargs})

@@ -1,18 +1,18 @@
 """Batch inference and evaluation: Ray Data reads prompts, a vLLM engine actor pool answers them, Parquet out.
 
     read (JSONL lines | Parquet rows)        tasks, cpu_stage_num_cpus each
-      -> PromptValidator                     1 actor: chat template, tokenize, refuse bad rows with a reason
       -> ray.data.llm vLLM engine stage      actor pool of num_engines, placement from serve/engine.py; the
-                                             UDF is serve/batch/engine_stage.py's (EngineCore forked on CPU)
+                                             UDF is serve/batch/engine_stage.py's: rows.PromptValidator (chat
+                                             template, tokenize, refuse bad rows with a reason), then Ray's
+                                             stage (EngineCore forked on CPU)
       -> result_rows                         tasks: one schema for answered and refused rows
       -> write_parquet(output_uri)
 then, from the written Parquet: totals, eval metrics, and in eval mode an MLflow run plus `eval.*` tags on
-the model version. ray.data.llm's own chat-template/tokenize/detokenize stages are off: PromptValidator has
+the model version. ray.data.llm's own chat-template/tokenize/detokenize stages are off: the validator has
 to tokenize anyway to refuse over-long prompts, and vLLM detokenizes as it generates, so each would only
 be one more actor pool competing for the same cores. The driver builds the plan without vLLM and without
 transformers' model code, and starts the cluster's singleton actors early (serve/batch/driver_start.py): only
-the engine actors run vLLM.
-"""
+the engine actors import vLLM, transformers or torch."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from serve.batch.config import Config
 from serve.batch.driver_start import (
     PlanWarmUp, config_json_as_autoconfig, telemetry_report_in_background, without_vllm,
 )
-from serve.batch.rows import PromptValidator, result_rows
+from serve.batch.rows import result_rows
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
 
 JSONL_EXTENSIONS = ("jsonl", "json", "ndjson")
@@ -112,15 +112,16 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
     return ds.limit(cfg.limit) if cfg.limit else ds
 
 
-def engine_processor(cfg: Config, model_path: str):
-    """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py; built with
-    vLLM hidden, the model's config read from config.json and the telemetry report not waited for
+def engine_processor(cfg: Config, model_path: str, jsonl: bool = True):
+    """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py, whose
+    engine stage validates raw input rows (JSONL lines if `jsonl`, else Parquet rows); built with vLLM hidden,
+    the model's config read from config.json and the telemetry report not waited for
     (serve/batch/driver_start.py), from the imports to the plan."""
     with without_vllm(), config_json_as_autoconfig(), telemetry_report_in_background():
-        return _engine_processor(cfg, model_path)
+        return _engine_processor(cfg, model_path, jsonl)
 
 
-def _engine_processor(cfg: Config, model_path: str):
+def _engine_processor(cfg: Config, model_path: str, jsonl: bool):
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     from serve.batch.engine_stage import use_rayline_engine_stage
@@ -157,23 +158,17 @@ def _engine_processor(cfg: Config, model_path: str):
     finally:
         if address:
             os.environ["RAY_ADDRESS"] = address
-    use_rayline_engine_stage(processor)
+    use_rayline_engine_stage(processor, validator=dict(
+        max_model_len=cfg.engine.max_model_len, sampling_defaults=cfg.sampling.as_params(), jsonl=jsonl,
+    ))
     return processor
 
 
 def run_pipeline(cfg: Config, model_path: str, info: eng.ModelInfo) -> None:
-    """Read -> validate -> engine -> results -> Parquet at output_uri (blocks until written)."""
+    """Read -> validate + engine -> results -> Parquet at output_uri (blocks until written)."""
     fmt = input_format(cfg)
     ds = read_inputs(cfg, fmt)
-    ds = ds.map_batches(
-        PromptValidator,
-        fn_constructor_kwargs=dict(
-            model_path=model_path, max_model_len=cfg.engine.max_model_len,
-            sampling_defaults=cfg.sampling.as_params(), jsonl=fmt == "jsonl",
-        ),
-        batch_format="pyarrow", batch_size=cfg.batch_size, concurrency=1, num_cpus=cfg.cpu_stage_num_cpus,
-    )
-    ds = engine_processor(cfg, model_path)(ds)
+    ds = engine_processor(cfg, model_path, jsonl=fmt == "jsonl")(ds)
     ds = ds.map_batches(
         result_rows, fn_kwargs=dict(model_version=info.label, max_model_len=cfg.engine.max_model_len),
         batch_format="pyarrow", num_cpus=cfg.cpu_stage_num_cpus,

@@ -1,8 +1,9 @@
 """Input rows -> engine requests, engine outputs -> result rows; bad rows get a reason instead of an engine call.
 
 Every input row leaves `PromptValidator` exactly once, either as a request (rendered prompt, token ids,
-full sampling parameters) or with `__inference_error__` set to `<code>: <reason>`. ray.data.llm's stages
-pass rows with that column set straight through without calling the engine (the same column its
+full sampling parameters) or with `__inference_error__` set to `<code>: <reason>`. The validator runs in the
+engine actor, on each batch just before Ray's engine stage sees it (serve/batch/engine_stage.py); that stage
+passes rows with the column set straight through without calling the engine (the same column its
 `should_continue_on_error` uses for engine failures), so one streaming pass keeps every row: no join or
 union afterwards. `result_rows` then gives both kinds the one result schema (RESULT_SCHEMA).
 """
@@ -106,8 +107,19 @@ def split_messages(messages: Any) -> tuple[list[dict] | None, str | None, str | 
     return clean, reference, None
 
 
+def plain(value: Any) -> Any:
+    """A row value as plain Python: Ray Data hands a stage nested values as numpy arrays and scalars."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
 class PromptValidator:
-    """Ray Data UDF (actor): raw rows -> engine requests or error rows. Loads the model's tokenizer once.
+    """Raw input rows -> engine requests or error rows, with the model's tokenizer (loaded once).
 
     A row is refused, with a reason, when it is not a JSON object, has no prompt, its prompt does not fit the
     context (`max_model_len` tokens, leaving at least one for output), or its sampling parameters are invalid.
@@ -121,9 +133,9 @@ class PromptValidator:
         self.defaults = dict(sampling_defaults)
         self.jsonl = jsonl
 
-    def __call__(self, batch: pa.Table) -> dict[str, list]:
-        rows = [self.request(r) for r in batch.to_pylist()]
-        return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
+    def requests(self, rows: Any) -> list[dict[str, Any]]:
+        """A batch's raw rows (a list, or Ray Data's numpy array of dicts), each as its request or error row."""
+        return [self.request(plain(r)) for r in rows]
 
     def request(self, row: dict[str, Any]) -> dict[str, Any]:
         raw = row.get("text", "") if self.jsonl else json.dumps(row, sort_keys=True, default=str)

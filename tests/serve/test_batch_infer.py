@@ -55,9 +55,9 @@ def test_gpu_config_renders_strict_pack_tensor_parallel_placement():
 @pytest.mark.parametrize("name", ["eval_tiny", "infer_tiny"])
 def test_cpu_configs_fit_two_cores(name):
     cfg = load_config(Config, f"configs/batch/{name}.yaml")
-    # The actor pools (engines + the validator) hold their CPUs for the whole run; at least two 0.25-CPU
-    # task slots must stay free for read/map/write tasks, or the pipeline waits forever on a 2-core node.
-    held = cfg.engine.cpus_per_engine * cfg.num_engines + cfg.cpu_stage_num_cpus
+    # The engine pool holds its CPUs for the whole run; at least two 0.25-CPU task slots must stay free for
+    # read/map/write tasks, or the pipeline waits forever on a 2-core node.
+    held = cfg.engine.cpus_per_engine * cfg.num_engines
     assert held + 2 * cfg.cpu_stage_num_cpus <= 2
     assert cfg.batch_size * cfg.max_concurrent_batches >= cfg.engine.max_num_seqs
 
@@ -89,7 +89,7 @@ def test_demo_eval_fits_beside_the_serve_app():
     cfg = load_config(Config, "configs/batch/eval_tiny.yaml")
     app = load_config(ServeConfig, "configs/serve/tiny_cpu.yaml")
     serving = app.engine.cpus_per_engine * app.autoscaling.max_replicas + app.ingress_cpus * app.ingress_replicas
-    held = cfg.engine.cpus_per_engine * cfg.num_engines + cfg.cpu_stage_num_cpus
+    held = cfg.engine.cpus_per_engine * cfg.num_engines
     assert serving + held + cfg.cpu_stage_num_cpus <= 2, (serving, held)
 
 
@@ -156,6 +156,39 @@ def test_validator_turns_rows_into_requests_or_reasons(tiny_model_dir):
     assert long[rows.ERROR_COLUMN].startswith("prompt_too_long: ") and long["tokenized_prompt"] == []
     assert v.request({"text": "[1, 2]"})[rows.ERROR_COLUMN].startswith("invalid_record: expected a JSON object")
     assert v.request({"text": json.dumps({"id": "c", "prompt": " "})})[rows.ERROR_COLUMN].startswith("missing_prompt")
+
+
+@pytest.mark.slow  # Ray Data on the test stack's Ray
+def test_validator_takes_parquet_rows_as_ray_data_hands_them_to_the_engine_stage(ray_session, tiny_model_dir, tmp_path):
+    """Parquet rows reach the engine stage wrapped by ray.data.llm's preprocess, nested values as numpy
+    arrays: the validator sees the same requests as from JSON."""
+    import pyarrow.parquet as pq
+    import ray.data
+    from ray.llm._internal.batch.stages.base import wrap_preprocess
+
+    records = [
+        {"id": "chat", "messages": [{"role": "user", "content": "Is 3 even or odd?"},
+                                    {"role": "assistant", "content": "odd"}],
+         "prompt": None, "sampling_params": {"max_tokens": 3, "temperature": None}},
+        {"id": "plain", "messages": None, "prompt": "What is 2 + 2?", "sampling_params": None},
+        {"id": "bad", "messages": None, "prompt": "hi", "sampling_params": {"max_tokens": -1, "temperature": None}},
+        {"id": "none", "messages": [], "prompt": None, "sampling_params": None},
+    ]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "p.parquet")
+    defaults = {"max_tokens": 8, "temperature": 0.0}
+    v = rows.PromptValidator(str(tiny_model_dir), 64, defaults, jsonl=False)
+
+    def as_engine_stage(batch):
+        return {"request": [json.dumps(r) for r in v.requests(batch["__data"])]}
+
+    ds = ray.data.read_parquet(str(tmp_path / "p.parquet")).map(wrap_preprocess(lambda r: {}, "__data"))
+    got = {r["id"]: r for r in (json.loads(x["request"]) for x in ds.map_batches(as_engine_stage).take_all())}
+    want = {r["id"]: v.request(json.loads(json.dumps(r))) for r in records}
+    assert got == want
+    assert got["chat"]["reference"] == "odd" and got["chat"]["sampling_params"]["max_tokens"] == 3
+    assert got["chat"]["tokenized_prompt"] and got["plain"]["sampling_params"] == {**defaults}
+    assert got["bad"][rows.ERROR_COLUMN].startswith("invalid_sampling_params: sampling_params.max_tokens")
+    assert got["none"][rows.ERROR_COLUMN].startswith("missing_prompt")
 
 
 def test_max_model_len_beyond_the_checkpoint_is_refused_before_any_engine(tiny_model_dir):
