@@ -10,7 +10,9 @@ tokens, exact: per-request max_tokens with ignore_eos). Output tokens per second
       (torch, transformers, vLLM), the chat template, engine start-up and the generate call),
   (c) rayline's stage (`serve.batch.pipeline.main` on its own local Ray): steady state over the engine's busy
       time, and end to end including every import, Ray start, model resolution, engine start-up and writing
-      Parquet; (c') the same with Ray started (and settled) before the clock, as a job on a running cluster.
+      Parquet; (c') the same on a running Ray (a head started with the local stack and settled before the
+      clock), the driver a fresh process whose clock starts before its first import, as
+      `python -m pipelines.batch_infer` runs against the local stack or a Ray job on its cluster.
 The end-to-end ratios are (c) and (c') end to end over (b) end to end; both clocks start before any import.
 (a), (b) and (c) compute with the same threads: the engine settings' (serve/engine.py: one compute thread for
 an engine that reserves one CPU, the rest of a 2-core node left to Ray Data's other stages). (a'), (b') and
@@ -135,10 +137,12 @@ def part_vllm(w: dict, all_cores: bool = False) -> dict:
 
 
 def part_rayline(w: dict, work: Path, running_ray: bool = False, all_cores: bool = False) -> dict:
-    """(c) the stage itself, prompts from JSONL to Parquet, on a local 2-CPU Ray of its own (never a cluster
-    someone else started on the machine): started inside the clock, as a script that brings its own Ray pays
-    it, or with `running_ray` started and settled before it, as a job on a running cluster finds it; with
-    `all_cores`, the engine computes with a thread per core (it still reserves one CPU)."""
+    """(c) the stage itself, prompts from JSONL to Parquet, on a 2-CPU Ray of its own (never a cluster someone
+    else started on the machine). Its clock starts before the driver's first import. Ray is started inside
+    that clock (ray.init), as a script that brings its own Ray pays it; with `running_ray` the driver joins
+    a running one instead, as `python -m pipelines.batch_infer` joins the local stack's head and a Ray job
+    its cluster (see part_rayline_on_running_ray). With `all_cores`, the engine computes with a thread per
+    core (it still reserves one CPU)."""
     started = time.perf_counter()  # end to end from here, like (b): every import is in the clock
     import ray
 
@@ -151,12 +155,11 @@ def part_rayline(w: dict, work: Path, running_ray: bool = False, all_cores: bool
         "engine": {"model": w["model"], **engine_fields(all_cores)},
         "batch_size": 32, "cpu_stage_num_cpus": 0.25,  # max_concurrent_batches: the stage's own (4 x 128 rows)
     }, "bench")
-    os.environ.pop("RAY_ADDRESS", None)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    if running_ray:
-        time.sleep(5)  # let the new node's processes finish starting, as on a cluster that was already up
-        started = time.perf_counter()
-    result = main(cfg)
+    if not running_ray:
+        os.environ.pop("RAY_ADDRESS", None)
+        ray.init(address="local", num_cpus=2, include_dashboard=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    result = main(cfg)  # on a running Ray, main's init_ray connects (inside the clock)
     e2e_s = time.perf_counter() - started
     ray.shutdown()
     assert result.errors == 0 and result.output_tokens == sum(w["lengths"]), result
@@ -164,6 +167,33 @@ def part_rayline(w: dict, work: Path, running_ray: bool = False, all_cores: bool
         "tokens_per_s": result.steady_output_tokens_per_s, "e2e_tokens_per_s": result.output_tokens / e2e_s,
         "e2e_s": e2e_s, "startup_s": e2e_s - result.output_tokens / result.steady_output_tokens_per_s,
     }
+
+
+# A private 2-CPU Ray head (rayline's local stack, Ray part only) on ports clear of a default local stack.
+BENCH_HEAD = {"ray_port": 26379, "dashboard_port": 28265, "ray_client_port": 20001, "dashboard_agent_port": 22365,
+              "min_worker_port": 30002, "max_worker_port": 39999, "serve_port": 28000, "num_cpus": 2}
+
+
+def part_rayline_on_running_ray(w: dict, work: Path, args) -> dict:
+    """(c') (c) on a running cluster: a Ray head started with rayline's local stack (`ray start`, with its
+    dashboard) and left to settle, then the stage's driver as a fresh process, its clock from its first
+    import to its summary, as `python -m pipelines.batch_infer` runs against the local stack."""
+    from pipelines import stack
+
+    head = stack.StackConfig(state_dir=str(work / "ray-head"), **BENCH_HEAD)
+    stack.up(head, parts=["ray"])
+    try:
+        time.sleep(5)  # let the head's processes finish starting, as on a cluster that was already up
+        cmd = [sys.executable, __file__, "--part", "rayline-driver", "--prompts", str(args.prompts),
+               "--work", str(args.work)]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, **stack.env_vars(head)})
+    finally:
+        stack.down(head)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"the stage's driver failed (exit {proc.returncode}); its log is above")
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 ORDER = ["hf", "vllm", "rayline", "rayline-running-ray", "hf-all-cores", "vllm-all-cores", "rayline-all-cores"]
@@ -196,14 +226,15 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/rayline-bench"))
     p.add_argument("--hf-prompts", type=int, default=128, help="prompts (a) runs: at ~50 tok/s all 512 take an hour")
     p.add_argument("--rounds", type=int, default=2, help="runs of every part, alternating the order")
-    p.add_argument("--part", choices=ORDER, help=argparse.SUPPRESS)
+    p.add_argument("--part", choices=[*ORDER, "rayline-driver"], help=argparse.SUPPRESS)
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     w = workload(args.work, args.prompts)
     if args.part:
         parts = {"hf": lambda: part_hf(w, args.hf_prompts), "vllm": lambda: part_vllm(w),
                  "rayline": lambda: part_rayline(w, args.work),
-                 "rayline-running-ray": lambda: part_rayline(w, args.work, running_ray=True),
+                 "rayline-running-ray": lambda: part_rayline_on_running_ray(w, args.work, args),
+                 "rayline-driver": lambda: part_rayline(w, args.work, running_ray=True),
                  "hf-all-cores": lambda: part_hf(w, args.hf_prompts, all_cores=True),
                  "vllm-all-cores": lambda: part_vllm(w, all_cores=True),
                  "rayline-all-cores": lambda: part_rayline(w, args.work, all_cores=True)}
@@ -228,9 +259,9 @@ def main() -> None:
     print(f"(c) rayline batch stage:          {rl['tokens_per_s']:8.1f} tok/s steady state, "
           f"{rl['e2e_tokens_per_s']:.1f} tok/s end to end ({rl['e2e_s']:.1f} s, ~{rl['startup_s']:.1f} s start-up, "
           "Ray started in the clock)")
-    print(f"(c') rayline, Ray already up:     {rl_running['tokens_per_s']:8.1f} tok/s steady state, "
+    print(f"(c') rayline on a running Ray:    {rl_running['tokens_per_s']:8.1f} tok/s steady state, "
           f"{rl_running['e2e_tokens_per_s']:.1f} tok/s end to end ({rl_running['e2e_s']:.1f} s, "
-          f"~{rl_running['startup_s']:.1f} s start-up)")
+          f"~{rl_running['startup_s']:.1f} s start-up, the driver a fresh process)")
     print(f"a thread per core ({os.cpu_count()}), each side's own default:")
     print(f"(a') hf generate:                 {hf_all['tokens_per_s']:8.1f} tok/s "
           f"(batch 32: {hf_all['batch_32']:.1f}, batch 64: {hf_all['batch_64']:.1f})")

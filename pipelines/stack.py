@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,8 +212,9 @@ def _spawn(state: Path, name: str, argv: list[str], extra_env: dict[str, str]) -
     return proc.pid
 
 
-def up(cfg: StackConfig) -> dict:
-    """Start every part that is not already healthy; wait until each answers. Idempotent."""
+def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
+    """Start every part (or only `parts`: "ray", "mlflow", "s3") that is not already healthy; wait until each
+    answers. Idempotent."""
     state = cfg.state
     state.mkdir(parents=True, exist_ok=True)
     (state / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
@@ -220,13 +222,13 @@ def up(cfg: StackConfig) -> dict:
     if not token.exists():
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
-    if cfg.s3:
+    specs = {part: procs for part, procs in _specs(cfg).items() if parts is None or part in parts}
+    if "s3" in specs:
         reason = objectstore.available()
         if reason:
             raise RuntimeError(f"--s3: {reason}")
     data = _read_state(state)
     data["config"] = to_dict(cfg)
-    specs = _specs(cfg)
     to_start = [part for part in specs if not part_healthy(cfg, part)]
     # Check every port before starting anything, so a clash leaves nothing half started.
     for part in to_start:
@@ -255,7 +257,7 @@ def up(cfg: StackConfig) -> dict:
                 why = f"{dead[0]} exited" if dead else f"no answer after {cfg.timeout_s}s"
                 raise RuntimeError(f"{part}: {why}; see {state / 'logs' / ((dead or [part])[0] + '.log')}")
             time.sleep(0.5)
-    if cfg.s3:
+    if "s3" in specs:
         objectstore.ensure_bucket(cfg.bucket, cfg.s3_port)
     return {"started": started, "state_dir": str(state)}
 

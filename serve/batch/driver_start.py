@@ -2,12 +2,16 @@
 
 Every second the driver spends before Ray Data starts executing is a second before the engine actors start
 importing vLLM, the longest step of a batch job's start-up. The driver needs Ray's stage modules to build the
-plan, and nothing of vLLM or transformers' model code, so:
+plan, and nothing of vLLM, torch or transformers' model code, so:
   - `without_vllm`: the plan is built with vLLM hidden (the engine actors import it, not the driver);
+  - `torch_on_first_use`: Ray's stage module imports torch for the actors' code; the driver gets a stand-in
+    that imports torch only if something uses it;
   - `config_json_as_autoconfig`: build_processor's telemetry read of the model's Hugging Face config is
     answered from config.json, without importing transformers' model modules;
-  - `PlanWarmUp`: the stage imports run while the driver resolves the model, and the cluster's singleton
-    actors (Ray Data's and ray.data.llm's) start as soon as Ray is up, before the plan needs them.
+  - `telemetry_reports_kept`: build_processor's telemetry report is kept for the engine actors to send once
+    their engine is up, instead of a telemetry actor starting ahead of them;
+  - `PlanWarmUp`: the stage imports run while the driver resolves the model, and Ray Data's singleton actors
+    start as soon as Ray is up, before the plan needs them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 import sys
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -61,11 +66,18 @@ def _standing_in(name: str, stand_in: types.ModuleType | None):
             del sys.modules[name]
 
 
-def _real_transformers() -> types.ModuleType:
-    """The installed transformers package, replacing the stand-in in sys.modules."""
-    if isinstance(sys.modules.get("transformers"), _ConfigJsonTransformers):
-        del sys.modules["transformers"]
-    return importlib.import_module("transformers")
+class _StandIn(types.ModuleType):
+    """A stand-in module: what it does not define itself comes from the real module, imported then."""
+
+    def __getattr__(self, name: str):
+        return getattr(_real(self.__name__), name)
+
+
+def _real(name: str) -> types.ModuleType:
+    """The installed module `name`, replacing a stand-in in sys.modules."""
+    if isinstance(sys.modules.get(name), _StandIn):
+        del sys.modules[name]
+    return importlib.import_module(name)
 
 
 class _ConfigJsonAutoConfig:
@@ -74,49 +86,93 @@ class _ConfigJsonAutoConfig:
         path = Path(str(model)) / "config.json"
         if path.is_file():
             return types.SimpleNamespace(**json.loads(path.read_text()))
-        return _real_transformers().AutoConfig.from_pretrained(model, *args, **kwargs)
+        return _real("transformers").AutoConfig.from_pretrained(model, *args, **kwargs)
 
 
-class _ConfigJsonTransformers(types.ModuleType):
+class _ConfigJsonTransformers(_StandIn):
     """The stand-in of config_json_as_autoconfig: AutoConfig from config.json, the real package for the rest."""
 
     AutoConfig = _ConfigJsonAutoConfig
 
+
+def torch_on_first_use():
+    """Inside, `import torch` gives a stand-in that imports torch when anything of it is used, unless this
+    process has imported torch already.
+
+    Ray's engine stage module imports torch at its top for code that runs only in the engine actors, and
+    build_processor asks `torch.hub` for torch's cache directory (to create a kernels directory in it).
+    Importing torch for that costs ~1-2 s on 2 cores right before the engine actors can start, and ~300 MB
+    in a driver that never computes. The stand-in answers `torch.hub._get_torch_home()` as torch does
+    (TORCH_HOME, else $XDG_CACHE_HOME/torch, else ~/.cache/torch); anything else imports the real torch then
+    and answers from it, so code that does use torch gets torch. Modules imported inside keep the stand-in as
+    their `torch`; it leaves sys.modules on the way out."""
+    return _standing_in("torch", _TorchOnFirstUse("torch"))
+
+
+class _TorchHub:
+    @staticmethod
+    def _get_torch_home() -> str:
+        default = os.path.join(os.getenv("XDG_CACHE_HOME", "~/.cache"), "torch")
+        return os.path.expanduser(os.getenv("TORCH_HOME", default))
+
     def __getattr__(self, name: str):
-        return getattr(_real_transformers(), name)
+        return getattr(_real("torch").hub, name)
+
+
+class _TorchOnFirstUse(_StandIn):
+    """The stand-in of torch_on_first_use: torch.hub's home directory, the real torch for the rest."""
+
+    hub = _TorchHub()
 
 
 @contextlib.contextmanager
-def telemetry_report_in_background():
-    """Inside, ray.data.llm's usage-telemetry report is sent without waiting for the reply.
+def telemetry_reports_kept(reports: list):
+    """Inside, ray.data.llm's usage-telemetry reports are appended to `reports` instead of being sent.
 
-    build_processor sends its report to a named actor and waits for it (ray.get). On a cluster where no batch
-    job ran yet in this driver, that actor is a worker process still starting (1-3 s on 2 cores, beside the
-    driver's imports), and the plan, so the engine actors, wait for it. Sent as a plain remote call, the
-    report is recorded once the actor is up; like Ray's own push, a failure never stops the plan."""
-    from ray.llm._internal.batch.observability.usage_telemetry.usage import TelemetryAgent
+    build_processor creates a named telemetry actor and sends it a report (and waits for the reply). On a
+    fresh cluster that actor is one more worker process, and a node starts as many worker processes at once
+    as it has CPUs: created while the plan is built, it starts ahead of the engine actors. The engine actors
+    send the kept reports once their engine is up (serve/batch/engine_stage.py, `send_telemetry`), to the
+    same actor (created then, get_if_exists), where Ray records them as usage tags."""
+    from ray.llm._internal.batch.processor import vllm_engine_proc
 
-    push = TelemetryAgent.push_telemetry_report
-
-    def push_in_background(self, telemetry) -> None:
-        if self.remote_telemetry_agent is not None:
-            _quietly(self.remote_telemetry_agent.record.remote, telemetry)
-
-    TelemetryAgent.push_telemetry_report = push_in_background
+    create = vllm_engine_proc.get_or_create_telemetry_agent
+    vllm_engine_proc.get_or_create_telemetry_agent = lambda: _KeptReports(reports)
     try:
-        yield
+        yield reports
     finally:
-        TelemetryAgent.push_telemetry_report = push
+        vllm_engine_proc.get_or_create_telemetry_agent = create
+
+
+class _KeptReports:
+    def __init__(self, reports: list):
+        self.reports = reports
+
+    def push_telemetry_report(self, telemetry) -> None:
+        self.reports.append(telemetry)
+
+
+def send_telemetry(reports: list) -> None:
+    """Send kept telemetry reports to ray.data.llm's telemetry actor without waiting for it; like Ray's own
+    push, a failure is logged by Ray or ignored, never raised."""
+    if not reports:
+        return
+    from ray.llm._internal.batch.observability.usage_telemetry.usage import get_or_create_telemetry_agent
+
+    agent = get_or_create_telemetry_agent().remote_telemetry_agent  # None when Ray could not create it
+    for report in reports:
+        if agent is not None:
+            _quietly(agent.record.remote, report)
 
 
 class PlanWarmUp:
     """What building and starting the plan wait for, begun while the driver resolves the model and connects
     to Ray.
 
-    On one thread: the engine stage's imports (torch and Ray's stage modules, vLLM hidden; ~1.5 s on 2 cores).
-    Once Ray is up (`start_cluster_actors`): the named actors that the plan and Ray Data's executor would
-    create (get_if_exists) at its start: Ray Data's stats actor (the driver waits on it for the dataset id),
-    ray.data.llm's telemetry agent, Ray Data's actor location tracker and autoscaling coordinator. On a fresh
+    On one thread: the engine stage's imports (Ray's stage modules, vLLM hidden, torch on first use; ~0.8 s on
+    2 cores). Once Ray is up (`start_cluster_actors`): the named actors that Ray Data's executor would create
+    (get_if_exists) at its start: its stats actor (the driver waits on it for the dataset id), actor location
+    tracker and autoscaling coordinator. On a fresh
     cluster each is a new worker process importing Ray Data (~1 s of CPU), and a node starts only as many
     worker processes at once as it has CPUs: created here, they start beside the driver's imports instead of
     in the same queue as the engine actors. On a long-running cluster Ray Data's three exist already (they
@@ -142,7 +198,7 @@ def _quietly(fn, *args) -> None:
 
 
 def _import_engine_stage() -> None:
-    with without_vllm():
+    with without_vllm(), torch_on_first_use():
         import ray.data.llm  # noqa: F401
         from ray.llm._internal.batch.processor import vllm_engine_proc  # noqa: F401
 
@@ -155,9 +211,7 @@ def _create_cluster_actors() -> None:
     )
     from ray.data._internal.execution.node_trackers.actor_location import get_or_create_actor_location_tracker
     from ray.data._internal.stats import get_or_create_stats_actor
-    from ray.llm._internal.batch.observability.usage_telemetry.usage import get_or_create_telemetry_agent
 
     get_or_create_stats_actor()  # first: the one the driver waits on
-    get_or_create_telemetry_agent()
     get_or_create_actor_location_tracker()
     get_or_create_autoscaling_coordinator()

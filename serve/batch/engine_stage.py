@@ -1,5 +1,6 @@
 """ray.data.llm's vLLM engine stage with rayline's engine start-up (serve.engine.apply_engine_core_start),
-the prompt validation in front of it, and answers sent once per request.
+the prompt validation in front of it, answers sent once per request, and Ray's telemetry report sent from
+here.
 
 Kept apart from pipeline.py because importing it pulls in vLLM (through Ray's stage module).
 """
@@ -11,6 +12,7 @@ from typing import Any
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
 from serve import engine as eng
+from serve.batch.driver_start import send_telemetry
 from serve.batch.rows import PromptValidator
 
 
@@ -25,13 +27,16 @@ class EngineStageUDF(vLLMEngineStageUDF):
     Tokenizing a batch takes milliseconds; vLLM takes the token ids as they are.
 
     `validator`: PromptValidator's arguments other than the model (max_model_len, sampling_defaults, jsonl).
+    `telemetry`: the usage-telemetry reports the driver kept while building the plan
+    (driver_start.telemetry_reports_kept), sent once the engine is up.
     """
 
-    def __init__(self, *args, validator: dict[str, Any], **kwargs):
+    def __init__(self, *args, validator: dict[str, Any], telemetry: list, **kwargs):
         eng.apply_engine_core_start()
         super().__init__(*args, **kwargs)
         final_outputs_only(self.llm)
         self.validator = PromptValidator(self.model, **validator)
+        send_telemetry(telemetry)
 
     async def __call__(self, batch: dict[str, Any]):
         if isinstance(batch, dict) and self.data_column in batch:
@@ -58,13 +63,13 @@ def final_outputs_only(wrapper) -> None:
     wrapper._prepare_llm_request = prepare_final_only
 
 
-def use_rayline_engine_stage(processor, validator: dict[str, Any]) -> None:
-    """Run `processor`'s vLLM engine stage with EngineStageUDF (validating with `validator`'s settings); the
-    stage keeps every other setting.
+def use_rayline_engine_stage(processor, validator: dict[str, Any], telemetry: list) -> None:
+    """Run `processor`'s vLLM engine stage with EngineStageUDF (validating with `validator`'s settings, sending
+    the `telemetry` reports); the stage keeps every other setting.
 
     A copy, not an assignment: the stage validates assignments by re-running its set-up on the already
     processed arguments, which loses the placement group and asks for a GPU."""
     name = "vLLMEngineStage"
     stage = processor.get_stage_by_name(name)
-    kwargs = {**stage.fn_constructor_kwargs, "validator": validator}
+    kwargs = {**stage.fn_constructor_kwargs, "validator": validator, "telemetry": telemetry}
     processor.stages[name] = stage.model_copy(update={"fn": EngineStageUDF, "fn_constructor_kwargs": kwargs})

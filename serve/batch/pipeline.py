@@ -32,7 +32,7 @@ from serve import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
 from serve.batch.driver_start import (
-    PlanWarmUp, config_json_as_autoconfig, telemetry_report_in_background, without_vllm,
+    PlanWarmUp, config_json_as_autoconfig, telemetry_reports_kept, torch_on_first_use, without_vllm,
 )
 from serve.batch.rows import result_rows
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
@@ -114,10 +114,10 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
 
 def engine_processor(cfg: Config, model_path: str, jsonl: bool = True):
     """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py, whose
-    engine stage validates raw input rows (JSONL lines if `jsonl`, else Parquet rows); built with vLLM hidden,
-    the model's config read from config.json and the telemetry report not waited for
-    (serve/batch/driver_start.py), from the imports to the plan."""
-    with without_vllm(), config_json_as_autoconfig(), telemetry_report_in_background():
+    engine stage validates raw input rows (JSONL lines if `jsonl`, else Parquet rows) and sends Ray's
+    telemetry report once its engine is up. Built with vLLM hidden, torch imported only if used and the
+    model's config read from config.json (serve/batch/driver_start.py), from the imports to the plan."""
+    with without_vllm(), torch_on_first_use(), config_json_as_autoconfig():
         return _engine_processor(cfg, model_path, jsonl)
 
 
@@ -154,11 +154,12 @@ def _engine_processor(cfg: Config, model_path: str, jsonl: bool):
     # is up, and refuses the Jobs API's http:// address that a Ray job (and the local stack) sets.
     address = os.environ.pop("RAY_ADDRESS", None) if os.environ.get("RAY_ADDRESS", "").startswith("http") else None
     try:
-        processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
+        with telemetry_reports_kept([]) as telemetry:
+            processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
     finally:
         if address:
             os.environ["RAY_ADDRESS"] = address
-    use_rayline_engine_stage(processor, validator=dict(
+    use_rayline_engine_stage(processor, telemetry=telemetry, validator=dict(
         max_model_len=cfg.engine.max_model_len, sampling_defaults=cfg.sampling.as_params(), jsonl=jsonl,
     ))
     return processor

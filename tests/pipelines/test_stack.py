@@ -76,3 +76,14 @@ def test_busy_port_is_named(mini_cfg):
         with pytest.raises(RuntimeError, match="port 5020 on 127.0.0.1 is already in use"):
             stack.up(cfg)
     stack.down(cfg)
+
+
+def test_up_starts_only_the_parts_asked_for(mini_cfg):
+    try:
+        result = stack.up(mini_cfg, parts=["mlflow"])
+        assert result["started"] == ["mlflow"]
+        st = stack.status(mini_cfg)
+        assert st["mlflow"]["healthy"] and not st["ray"]["healthy"] and not st["ray"]["pids"], st
+    finally:
+        stopped = stack.down(mini_cfg)
+    assert stopped == ["mlflow"]

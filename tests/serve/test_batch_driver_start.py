@@ -1,5 +1,6 @@
-"""The batch driver's start-up (serve/batch/driver_start.py): the plan is built without vLLM or
-transformers' model code, and ray.data.llm's telemetry report is sent without the plan waiting for it.
+"""The batch driver's start-up (serve/batch/driver_start.py): the plan is built without vLLM, torch or
+transformers' model code, and ray.data.llm's telemetry report goes to the engine actors, which send it
+without waiting for Ray's telemetry actor.
 
 The import checks run in a fresh interpreter, as a job's driver is: the test process has imported vLLM and
 transformers already.
@@ -30,7 +31,7 @@ def run_python(*lines: str) -> str:
 
 
 @pytest.mark.slow  # the actors' imports run in the test stack's Ray; the driver's in a fresh interpreter
-def test_the_driver_builds_the_plan_without_vllm_or_transformers_model_code(local_stack, tiny_model_dir):
+def test_the_driver_builds_the_plan_without_vllm_torch_or_transformers_model_code(local_stack, tiny_model_dir):
     cfg = {"input_uri": "p.jsonl", "output_uri": "out", "num_engines": 1,
            "engine": {"model": str(tiny_model_dir), "accelerator": "cpu", "max_model_len": 256,
                       "kv_cache_memory_bytes": 64 * eng.MiB}}
@@ -49,12 +50,16 @@ def test_the_driver_builds_the_plan_without_vllm_or_transformers_model_code(loca
         "print('stage:', processor.get_stage_by_name('vLLMEngineStage').fn.__name__)",
         "print('vllm:', sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))",
         "print('transformers models:', sorted(m for m in sys.modules if m.startswith('transformers.models')))",
+        "print('torch:', sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))",
         "import vllm.sampling_params  # hidden only while the plan is built",
         "print('then:', vllm.sampling_params.RequestOutputKind.FINAL_ONLY.name)",
+        "import ray.llm._internal.batch.stages.vllm_engine_stage as stage  # its `torch` is the stand-in",
+        "print('torch on first use:', stage.torch.bfloat16 is sys.modules['torch'].bfloat16)",
     )
     assert "stage: EngineStageUDF" in out, out
-    assert "vllm: []" in out and "transformers models: []" in out, out
+    assert "vllm: []" in out and "transformers models: []" in out and "torch: []" in out, out
     assert "then: FINAL_ONLY" in out, out
+    assert "torch on first use: True" in out, out
 
 
 def test_autoconfig_stand_in_reads_config_json_and_leaves_the_rest_to_transformers(tiny_model_dir, tmp_path):
@@ -84,19 +89,44 @@ def test_autoconfig_stand_in_reads_config_json_and_leaves_the_rest_to_transforme
     assert "after the second: _LazyModule" in out, out
 
 
+def test_torch_stand_in_answers_torch_home_and_imports_torch_for_anything_else(tmp_path):
+    out = run_python(
+        "import os, sys",
+        f"os.environ['TORCH_HOME'] = {str(tmp_path / 'th')!r}",
+        "from serve.batch.driver_start import torch_on_first_use",
+        "with torch_on_first_use():",
+        "    import torch",
+        "    print('home:', torch.hub._get_torch_home())",
+        "    print('imported:', 'torch._C' in sys.modules)",
+        "    print('tensor:', torch.tensor([1, 2]).sum().item())",
+        "    print('real after use:', type(sys.modules['torch']).__name__)",
+        "print('after the block:', type(sys.modules['torch']).__name__)",
+        "with torch_on_first_use():",
+        "    import torch.hub as hub",
+        "    print('submodule:', hub.__name__, type(sys.modules['torch']).__name__)",
+    )
+    assert f"home: {tmp_path / 'th'}" in out and "imported: False" in out, out
+    assert "tensor: 3" in out and "real after use: module" in out and "after the block: module" in out, out
+    assert "submodule: torch.hub module" in out, out
+
+
 @pytest.mark.slow  # imports vLLM through ray.data.llm; builds the plan on the test stack's Ray, runs nothing
-def test_the_telemetry_report_reaches_ray_s_actor(ray_session, tiny_model_dir):
+def test_the_telemetry_report_goes_to_the_engine_stage_and_reaches_ray_s_actor(ray_session, tiny_model_dir):
     from ray.llm._internal.batch.observability.usage_telemetry.usage import (
         LLM_BATCH_TELEMETRY_ACTOR_NAME, LLM_BATCH_TELEMETRY_NAMESPACE, BatchTelemetryTags,
     )
 
+    from serve.batch.driver_start import send_telemetry
     from serve.batch.pipeline import engine_processor
 
     batch_size = 29  # a value no other test's processor reports
     cfg = from_dict(Config, {"input_uri": "p.jsonl", "output_uri": "out", "num_engines": 1, "batch_size": batch_size,
                              "engine": {"model": str(tiny_model_dir), "accelerator": "cpu", "max_model_len": 256,
                                         "kv_cache_memory_bytes": 64 * eng.MiB}})
-    engine_processor(cfg, str(tiny_model_dir))
+    stage = engine_processor(cfg, str(tiny_model_dir)).get_stage_by_name("vLLMEngineStage")
+    reports = stage.fn_constructor_kwargs["telemetry"]  # what the engine actors send once their engine is up
+    assert [r.batch_size for r in reports] == [batch_size], reports
+    send_telemetry(reports)
     agent = ray_session.get_actor(LLM_BATCH_TELEMETRY_ACTOR_NAME, namespace=LLM_BATCH_TELEMETRY_NAMESPACE)
     deadline = time.monotonic() + 60
     while True:  # sent without waiting: it lands once the actor has taken it
@@ -110,10 +140,10 @@ def test_the_telemetry_report_reaches_ray_s_actor(ray_session, tiny_model_dir):
 
 @pytest.mark.slow  # imports ray.data.llm
 @pytest.mark.timeout(120)
-def test_the_telemetry_report_does_not_wait_for_the_actor(ray_session):
-    from ray.llm._internal.batch.observability.usage_telemetry.usage import TelemetryAgent
+def test_sending_the_telemetry_report_does_not_wait_for_the_actor(ray_session, monkeypatch):
+    from ray.llm._internal.batch.observability.usage_telemetry import usage
 
-    from serve.batch.driver_start import telemetry_report_in_background
+    from serve.batch.driver_start import send_telemetry
 
     @ray_session.remote(num_cpus=0)
     class Busy:  # an actor that takes a report only when told to, like one still starting
@@ -130,10 +160,9 @@ def test_the_telemetry_report_does_not_wait_for_the_actor(ray_session):
             return len(self.reports)
 
     busy = Busy.remote()
-    agent = object.__new__(TelemetryAgent)
+    agent = object.__new__(usage.TelemetryAgent)
     agent.remote_telemetry_agent = busy
-    with telemetry_report_in_background():
-        agent.push_telemetry_report("report")  # Ray's own push would wait here until the timeout
+    monkeypatch.setattr(usage, "get_or_create_telemetry_agent", lambda: agent)
+    send_telemetry(["report"])  # Ray's own push would wait here until the timeout
     assert ray_session.get(busy.release.remote()) == 1
-    assert TelemetryAgent.push_telemetry_report.__name__ == "push_telemetry_report"  # restored on the way out
     ray_session.kill(busy)
