@@ -174,6 +174,11 @@ def run_pipeline(cfg: Config, model_path: str, info: eng.ModelInfo) -> None:
         result_rows, fn_kwargs=dict(model_version=info.label, max_model_len=cfg.engine.max_model_len),
         batch_format="pyarrow", num_cpus=cfg.cpu_stage_num_cpus,
     )
+    write_results(ds, cfg)
+
+
+def write_results(ds: ray.data.Dataset, cfg: Config) -> None:
+    """Result rows -> Parquet files under output_uri (local or s3://; blocks until written)."""
     fs, path = storage.resolve(cfg.output_uri)
     ds.write_parquet(path, filesystem=fs, ray_remote_args={"num_cpus": cfg.cpu_stage_num_cpus})
 

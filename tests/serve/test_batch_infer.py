@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from pipelines import registry
-from pipelines.config import ConfigError, from_dict, load_config
+from pipelines.config import ConfigError, from_dict, load_config, to_dict
 from serve import engine as eng
 from serve.batch import metrics, rows
 from serve.batch.config import Config
@@ -189,6 +190,40 @@ def test_validator_takes_parquet_rows_as_ray_data_hands_them_to_the_engine_stage
     assert got["chat"]["tokenized_prompt"] and got["plain"]["sampling_params"] == {**defaults}
     assert got["bad"][rows.ERROR_COLUMN].startswith("invalid_sampling_params: sampling_params.max_tokens")
     assert got["none"][rows.ERROR_COLUMN].startswith("missing_prompt")
+
+
+@pytest.mark.slow  # Ray Data on the test stack's Ray, Swift's S3 API
+def test_s3_input_model_and_output_go_through_the_shared_storage(ray_session, s3_bucket, tiny_model_dir, tmp_path):
+    """The stage's S3 ends without an engine: prompts read from an s3:// prefix, an s3:// checkpoint copied for
+    vLLM, result Parquet written to and read back from s3://, an existing output refused unless overwritten."""
+    import ray.data
+
+    from pipelines import storage
+    from serve.batch.pipeline import input_format, prepare_output, read_inputs, read_results, write_results
+
+    root = f"{s3_bucket}/batch-tests/{uuid.uuid4().hex[:8]}"
+    lines = [json.dumps({"id": f"r{i}", "prompt": f"What is {i} + 1?"}) for i in range(5)]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    storage.copy_tree(str(tmp_path / "in"), f"{root}/in")
+    storage.copy_tree(str(tiny_model_dir), f"{root}/model")
+    cfg = from_dict(Config, {"input_uri": f"{root}/in", "output_uri": f"{root}/out", "engine": {"model": f"{root}/model"}})
+
+    assert input_format(cfg) == "jsonl"
+    assert sorted(r["text"] for r in read_inputs(cfg, "jsonl").take_all()) == sorted(lines)
+    local, info = eng.resolve_model(cfg.engine.model, tmp_path / "cache")
+    assert info.uri == f"{root}/model" and (tmp_path / "cache") in Path(local).parents
+    assert json.loads(open(f"{local}/config.json").read()) == json.loads((tiny_model_dir / "config.json").read_text())
+
+    results = [{**{k: None for k in rows.RESULT_SCHEMA.names}, "id": f"r{i}", "prompt": "p", "output": str(i),
+                "prompt_tokens": 3, "output_tokens": 1, "model_version": "m/1"} for i in range(5)]
+    write_results(ray.data.from_arrow(pa.Table.from_pylist(results, schema=rows.RESULT_SCHEMA)), cfg)
+    table = read_results(cfg.output_uri)
+    assert sorted(table.column("output").to_pylist()) == ["0", "1", "2", "3", "4"]
+    with pytest.raises(FileExistsError, match=f"output_uri {root}/out: already holds results"):
+        prepare_output(cfg)
+    prepare_output(from_dict(Config, {**to_dict(cfg), "overwrite": True}))
+    assert not storage.exists(cfg.output_uri) or not storage.list_files(cfg.output_uri)
 
 
 def test_max_model_len_beyond_the_checkpoint_is_refused_before_any_engine(tiny_model_dir):
