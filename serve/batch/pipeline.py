@@ -10,7 +10,7 @@
 then, from the written Parquet: totals, eval metrics, and in eval mode an MLflow run plus `eval.*` tags on
 the model version. ray.data.llm's own chat-template/tokenize/detokenize stages are off: the validator has
 to tokenize anyway to refuse over-long prompts, and vLLM detokenizes as it generates, so each would only
-be one more actor pool competing for the same cores. The driver builds the plan without vLLM and without
+be one more actor pool competing for the same cores. The driver builds the plan without vLLM, torch or
 transformers' model code, and starts the cluster's singleton actors early (serve/batch/driver_start.py): only
 the engine actors import vLLM, transformers or torch."""
 
