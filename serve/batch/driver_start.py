@@ -159,10 +159,11 @@ def send_telemetry(reports: list) -> None:
         return
     from ray.llm._internal.batch.observability.usage_telemetry.usage import get_or_create_telemetry_agent
 
-    agent = get_or_create_telemetry_agent().remote_telemetry_agent  # None when Ray could not create it
+    agent = get_or_create_telemetry_agent().remote_telemetry_agent
+    if agent is None:  # Ray could not create it (and logged why)
+        return
     for report in reports:
-        if agent is not None:
-            _quietly(agent.record.remote, report)
+        _quietly(agent.record.remote, report)
 
 
 class PlanWarmUp:
@@ -172,11 +173,10 @@ class PlanWarmUp:
     On one thread: the engine stage's imports (Ray's stage modules, vLLM hidden, torch on first use; ~0.8 s on
     2 cores). Once Ray is up (`start_cluster_actors`): the named actors that Ray Data's executor would create
     (get_if_exists) at its start: its stats actor (the driver waits on it for the dataset id), actor location
-    tracker and autoscaling coordinator. On a fresh
-    cluster each is a new worker process importing Ray Data (~1 s of CPU), and a node starts only as many
-    worker processes at once as it has CPUs: created here, they start beside the driver's imports instead of
-    in the same queue as the engine actors. On a long-running cluster Ray Data's three exist already (they
-    are detached) and this finds them."""
+    tracker and autoscaling coordinator. On a fresh cluster each is a new worker process importing Ray Data
+    (~1 s of CPU), and a node starts only as many worker processes at once as it has CPUs: created here, they
+    start beside the driver's imports instead of in the same queue as the engine actors. On a long-running
+    cluster they exist already (they are detached) and this finds them."""
 
     def __init__(self) -> None:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="rayline-plan-warm-up")
