@@ -1,0 +1,104 @@
+"""Equal terms for the benchmarks: print what each side really ran with, and give a ratio only when both
+sides agree on everything that must match (issue 17: "benchmarks compare equal work").
+
+Shared by bench_serve.py, bench_data.py and bench_train.py; bench_batch_infer.py is welcome to use it. A
+set-up is a flat dict of what one side ran with, read back from its running processes or engine where
+possible (not the config passed in): executor class, processes, OMP/torch/tokenizer threads, niceness,
+max_num_batched_tokens, stats logging, ... The whole API:
+
+    print_setups({"rayline": ours, "vllm server": theirs})     # one table, a column per side
+    print(ratio_line("vllm server", ratio, ours, theirs, MUST_MATCH))
+        # "rayline vs vllm server: 1.02x", or, when a MUST_MATCH key differs or was not read back on a side,
+        # "rayline vs vllm server: no ratio, set-ups differ: OMP_NUM_THREADS (rayline 1, vllm server 2)"
+    process_tree(pid)       # processes, niceness and the thread env of a running process and its children
+    round_order(["a", "b"], rounds)   # A-B-B-A: every other round runs the sides in reverse order
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+OURS = "rayline"
+# Environment that decides how many compute threads a process runs and how vLLM lays out its processes.
+THREAD_ENV = ("OMP_NUM_THREADS", "RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM", "VLLM_ENABLE_V1_MULTIPROCESSING",
+              "VLLM_CPU_OMP_THREADS_BIND")
+
+
+def differences(ours: dict[str, Any], theirs: dict[str, Any], must_match: Iterable[str], baseline: str) -> list[str]:
+    """The `must_match` keys whose values differ between the two set-ups, or that a side lacks (a value
+    that was not read back cannot be shown to be equal), each as `key (rayline X, baseline Y)`."""
+    missing = object()
+    out = []
+    for key in must_match:
+        a, b = ours.get(key, missing), theirs.get(key, missing)
+        if a is missing or b is missing or a != b:
+            shown = ["not read back" if v is missing else _text(v) for v in (a, b)]
+            out.append(f"{key} ({OURS} {shown[0]}, {baseline} {shown[1]})")
+    return out
+
+
+def ratio_line(baseline: str, ratio: float, ours: dict[str, Any], theirs: dict[str, Any],
+               must_match: Iterable[str]) -> str:
+    """`rayline vs <baseline>: <ratio>x` when the set-ups agree on `must_match`; otherwise the same head
+    followed by why no ratio is given, so a reader never takes unequal work for a figure."""
+    unequal = differences(ours, theirs, must_match, baseline)
+    if unequal:
+        return f"{OURS} vs {baseline}: no ratio, set-ups differ: " + "; ".join(unequal)
+    return f"{OURS} vs {baseline}: {ratio:.2f}x"
+
+
+def print_setups(setups: dict[str, dict[str, Any]], title: str = "effective set-up") -> None:
+    """Print the set-ups as one table: a row per key (in first-seen order), a column per side."""
+    keys = list(dict.fromkeys(k for s in setups.values() for k in s))
+    names = list(setups)
+    width = max([len(k) for k in keys] + [len(title)])
+    cols = [max([len(n)] + [len(_text(s.get(k, "-"))) for k in keys]) for n, s in setups.items()]
+    print(f"{title:{width}}  " + "  ".join(f"{n:{w}}" for n, w in zip(names, cols)))
+    for k in keys:
+        print(f"{k:{width}}  " + "  ".join(f"{_text(setups[n].get(k, '-')):{w}}" for n, w in zip(names, cols)))
+
+
+def process_tree(pid: int) -> dict[str, Any]:
+    """Read back from a running process and all its descendants: how many there are, their niceness, their
+    names, and THREAD_ENV as their environments hold it (a value all share, else the values as `a/b`)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    procs = [root, *root.children(recursive=True)]
+    out: dict[str, Any] = {"processes": len(procs), "niceness": _joined(p.nice() for p in procs),
+                           "process names": ",".join(p.name() for p in procs)}
+    envs = [_environ(p) for p in procs]
+    for var in THREAD_ENV:
+        out[var] = _joined(e.get(var, "unset") for e in envs if e is not None)
+    return out
+
+
+def own_niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def round_order(sides: Sequence[str], rounds: int) -> list[list[str]]:
+    """The sides' order in each round: as given, then reversed, and so on (A-B, B-A: a drifting machine
+    hits every side alike once the rounds are pooled)."""
+    return [list(sides) if i % 2 == 0 else list(reversed(sides)) for i in range(rounds)]
+
+
+def _environ(proc) -> dict[str, str] | None:
+    try:
+        return proc.environ()
+    except Exception:  # a process that has exited, or one we may not read
+        return None
+
+
+def _joined(values: Iterable[Any]) -> Any:
+    """The one value all processes share, else the distinct values as `a/b`."""
+    distinct = sorted(set(values), key=str)
+    return distinct[0] if len(distinct) == 1 else "/".join(map(str, distinct)) or "not read back"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

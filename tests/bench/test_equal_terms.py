@@ -1,0 +1,72 @@
+"""bench/equal_terms.py: a ratio only between equal set-ups, set-ups read back from real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from bench.equal_terms import print_setups, process_tree, ratio_line, round_order
+
+MUST = ["executor", "OMP_NUM_THREADS", "niceness"]
+OURS = {"executor": "UniProcExecutor", "OMP_NUM_THREADS": "1", "niceness": 15, "processes": 3}
+
+
+def test_ratio_given_when_the_keys_that_must_match_match():
+    theirs = {**OURS, "processes": 2}  # not a must-match key: shown, but no reason to refuse
+    assert ratio_line("vllm server", 1.2345, OURS, theirs, MUST) == "rayline vs vllm server: 1.23x"
+
+
+def test_ratio_refused_and_the_difference_named():
+    theirs = {**OURS, "executor": "MultiprocExecutor", "niceness": 0}
+    line = ratio_line("vllm server", 1.5, OURS, theirs, MUST)
+    assert line.startswith("rayline vs vllm server: no ratio")
+    assert "1.5" not in line
+    assert "executor (rayline UniProcExecutor, vllm server MultiprocExecutor)" in line
+    assert "niceness (rayline 15, vllm server 0)" in line
+    assert "OMP_NUM_THREADS" not in line
+
+
+def test_ratio_refused_when_a_side_was_not_read_back():
+    theirs = {k: v for k, v in OURS.items() if k != "OMP_NUM_THREADS"}
+    line = ratio_line("torchrun", 0.9, OURS, theirs, MUST)
+    assert line == "rayline vs torchrun: no ratio, set-ups differ: OMP_NUM_THREADS (rayline 1, torchrun not read back)"
+
+
+def test_print_setups_shows_every_key_of_every_side(capsys):
+    print_setups({"rayline": OURS, "vllm server": {"executor": "MultiprocExecutor", "max_num_batched_tokens": 2048}})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[-3:] == ["rayline", "vllm", "server"]
+    rows = {line.split()[0]: line.split()[1:] for line in out[1:]}
+    assert rows["executor"] == ["UniProcExecutor", "MultiprocExecutor"]
+    assert rows["processes"] == ["3", "-"]
+    assert rows["max_num_batched_tokens"] == ["-", "2048"]
+
+
+def test_round_order_alternates():
+    assert round_order(["a", "b"], 4) == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
+
+
+def test_process_tree_reads_a_running_tree():
+    # A parent at niceness 5 with OMP_NUM_THREADS=3 that starts one child of its own.
+    code = "import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"
+    env = {**os.environ, "OMP_NUM_THREADS": "3"}
+    env.pop("RAYON_NUM_THREADS", None)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, preexec_fn=lambda: os.nice(5))
+    try:
+        deadline = time.time() + 20
+        while (tree := process_tree(proc.pid))["processes"] < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        assert tree["processes"] == 2
+        assert tree["niceness"] == os.getpriority(os.PRIO_PROCESS, 0) + 5
+        assert tree["OMP_NUM_THREADS"] == "3"
+        assert tree["RAYON_NUM_THREADS"] == "unset"
+        assert "sleep" in tree["process names"]
+    finally:
+        for child in psutil.Process(proc.pid).children():
+            child.kill()
+        proc.kill()
+        proc.wait()
