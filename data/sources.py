@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from pipelines import storage
 
+UTF8_BOM = b"\xef\xbb\xbf"
 EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
 LINES_SCHEMA = pa.schema([
     ("source", pa.string()), ("line", pa.int64()), ("raw", pa.large_binary()), ("kind", pa.string()),
@@ -153,10 +154,14 @@ def read_lines(part: FilePart | SourceFile, block_rows: int) -> Iterator[pa.Tabl
     number = part.first_line - 1
     rest = b""
     left = part.size
+    at_file_start = part.start == 0
     with fs.open_input_file(path) as stream:
         stream.seek(part.start)
         while True:
             chunk = stream.read(min(_CHUNK_BYTES, left))
+            if at_file_start and chunk.startswith(UTF8_BOM):
+                chunk = chunk[len(UTF8_BOM):]  # a byte-order mark (Windows tools write one) opens the file, not its first record
+            at_file_start = False
             left -= len(chunk)
             parts = (rest + chunk).split(b"\n")
             rest = parts.pop() if chunk else b""  # a line the next chunk ends

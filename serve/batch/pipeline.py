@@ -104,8 +104,10 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
         # Lines, not pyarrow's JSON reader: one malformed line becomes one refused row, not a failed read.
         # With `input_format: jsonl` said outright, any file name goes; `auto` only picks JSONL extensions.
         exts = None if cfg.input_format == "jsonl" else list(JSONL_EXTENSIONS)
+        # utf-8-sig: a byte-order mark at a file's start (Windows tools write one) is not part of its first record.
         ds = ray.data.read_text(
-            path, filesystem=fs, file_extensions=exts, num_cpus=cfg.cpu_stage_num_cpus, override_num_blocks=blocks
+            path, encoding="utf-8-sig", filesystem=fs, file_extensions=exts, num_cpus=cfg.cpu_stage_num_cpus,
+            override_num_blocks=blocks,
         )
     else:
         ds = ray.data.read_parquet(path, filesystem=fs, num_cpus=cfg.cpu_stage_num_cpus, override_num_blocks=blocks)

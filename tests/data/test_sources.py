@@ -22,6 +22,15 @@ def test_jsonl_lines_keep_numbers_and_bytes(tmp_path):
     assert {r["source"] for r in got} == {str(p)} and {r["kind"] for r in got} == {"jsonl"}
 
 
+def test_byte_order_mark_opens_the_file_not_its_first_record(tmp_path):
+    p = tmp_path / "windows.jsonl"
+    p.write_bytes(b'\xef\xbb\xbf{"a": 1}\r\n\xef\xbb\xbf{"b": 2}\r\n')  # as Notepad saves UTF-8; a BOM mid-file is data
+    got = rows(SourceFile(str(p), "jsonl", 0, p.stat().st_size))
+    assert [(r["line"], r["raw"]) for r in got] == [(1, b'{"a": 1}'), (2, b'\xef\xbb\xbf{"b": 2}')]
+    later_part = [r["raw"] for r in rows(split_file(SourceFile(str(p), "jsonl", 0, p.stat().st_size), [(13, 2)])[1])]
+    assert later_part == [b'\xef\xbb\xbf{"b": 2}']  # only the part at byte 0 starts the file
+
+
 def test_blocks_are_bounded(tmp_path):
     p = tmp_path / "many.txt"
     p.write_text("".join(f"line {i}\n" for i in range(2500)))

@@ -122,7 +122,8 @@ def test_s3_input_model_and_output_go_through_the_shared_storage(ray_session, s3
     root = f"{s3_bucket}/batch-tests/{uuid.uuid4().hex[:8]}"
     lines = [json.dumps({"id": f"r{i}", "prompt": f"What is {i} + 1?"}) for i in range(5)]
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    # Saved as Windows tools save UTF-8: a byte-order mark first, which must not spoil the first record.
+    (tmp_path / "in" / "prompts.jsonl").write_bytes(b"\xef\xbb\xbf" + ("\r\n".join(lines) + "\r\n").encode())
     storage.copy_tree(str(tmp_path / "in"), f"{root}/in")
     storage.copy_tree(str(tiny_model_dir), f"{root}/model")
     cfg = from_dict(Config, {"input_uri": f"{root}/in", "output_uri": f"{root}/out", "engine": {"model": f"{root}/model"}})
