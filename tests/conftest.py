@@ -34,22 +34,16 @@ def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _gpu_present() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
-def pytest_collection_modifyitems(config, items):
-    if _gpu_present():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI (`CI` set, as `.ci/run` runs) a skipped test is a failure: every part the suite needs (Swift, vLLM,
+    ...) is installed there, so a skip can only hide a missing install step or a broken fixture."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("CI") and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where nothing may be: {reason}"
 
 
 @pytest.fixture(scope="session")
