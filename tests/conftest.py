@@ -74,6 +74,30 @@ def s3_bucket(local_stack) -> str:
     return f"s3://{local_stack.bucket}"
 
 
+@pytest.fixture(scope="module")
+def log_growing_in_checkout():
+    """A file in the project root that grows while the module's jobs are packaged and submitted, as
+    `make demo > demo.log` leaves one; it never travels with a job, so it must not break one."""
+    import threading
+    import uuid
+
+    path = ROOT / f"demo-{uuid.uuid4().hex[:8]}.log"
+    stop = threading.Event()
+
+    def grow():
+        with open(path, "a") as f:
+            while not stop.wait(0.02):
+                f.write("a line of log output\n")
+                f.flush()
+
+    writer = threading.Thread(target=grow, daemon=True)
+    writer.start()
+    yield path
+    stop.set()
+    writer.join()
+    path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from pipelines.tiny_model import build_tiny_model

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
-def demo(local_stack, tmp_path_factory):
+def demo(local_stack, tmp_path_factory, log_growing_in_checkout):
     stack = to_dict(local_stack)
     cfg = DemoConfig(state_dir=stack.pop("state_dir"), work_dir=str(tmp_path_factory.mktemp("demo")),
                      model_name=f"rayline-e2e-{uuid.uuid4().hex[:6]}", stack_overrides=stack)  # the demo's sizes
