@@ -18,15 +18,17 @@
       rayline.io/model-dtype-bytes   bytes per weight / KV element (default 2)
       rayline.io/gpu-memory-gib      memory of one GPU (default: from the accelerator type, e.g. H100 = 80)
     Engine settings come from each serveConfigV2 `llm_configs[].engine_kwargs` (max_model_len,
-    tensor_parallel_size, gpu_memory_utilization, max_num_seqs), else from the annotations
+    tensor_parallel_size, gpu_memory_utilization, max_num_seqs) or rayline's own `args.config.engine` (g), else
+    from the annotations
       rayline.io/max-model-len, rayline.io/tensor-parallel-size, rayline.io/gpu-memory-utilization (default 0.9),
       rayline.io/max-num-seqs (default 256).
-(d) inline secrets: an env var named like a secret (..._TOKEN, ..._SECRET..., ..._PASSWORD, ..._KEY, ..._KEY_ID)
-    with a literal `value` instead of `valueFrom.secretKeyRef`, in any container or runtime_env `env_vars`.
-(e) an exposed head: `serviceType` LoadBalancer/NodePort, `enableIngress: true`, or a head/serve Service of those
-    types carrying the dashboard (8265), GCS (6379) or client (10001) ports. `dashboard-host: 0.0.0.0` inside the
-    pod is fine: Ray needs it for probes and the Service.
+(d) inline secrets and (e) an exposed head: rayjobs/leak_checks.py.
 (f) a worker group `replicas` outside [minReplicas, maxReplicas]: the operator silently clamps it.
+(g) rayline's own app (`import_path: serve.app:build_app`): its `args.config` must be a serving config the builder
+    accepts (serve/serve_config.py; TP/PP sizes on CPU, unknown fields, ...), and its engine goes through (a)-(c)
+    as Ray's LLM configs do: one engine = TP x PP GPU bundles (STRICT_PACK) or one CPU bundle, from
+    serve.engine.placement_group_config, on one pod; `engine.accelerator_type` on some group; and the pods must
+    hold `autoscaling.min_replicas` (or `initial_replicas`) and `max_replicas` such engines at once.
 """
 
 from __future__ import annotations
@@ -39,16 +41,18 @@ from typing import Any, Callable
 
 import yaml
 
-from rayjobs.crd_schema import Problem, child_path
+from pipelines.config import ConfigError, from_dict
+from rayjobs.crd_schema import Problem
+from rayjobs.leak_checks import check_exposure, check_secrets
 from rayjobs.ray_schemas import load_serve_config
+from serve.app import BUILDER
+from serve.engine import placement_bundles, placement_strategy
+from serve.serve_config import Config as ServeConfig
 
 LAYER = "preflight"
 GIB = 1024**3
 GPU_MEMORY_GIB = {"H200": 141, "H100": 80, "A100-80G": 80, "A100-40G": 40, "A100": 40, "L40S": 48, "L4": 24, "A10G": 24, "T4": 16, "V100": 16}
 _GPU_LABEL_KEYS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator", "karpenter.k8s.aws/instance-gpu-name")
-_EXPOSED_PORTS = {8265: "dashboard", 6379: "GCS", 10001: "Ray client"}
-_SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "APIKEY", "CREDENTIALS", "CREDENTIAL"}
-_NOT_SECRET_SUFFIXES = {"PATH", "FILE", "DIR", "URL", "URI", "HOST", "PORT", "ENDPOINT", "NAME", "TYPE", "REGION"}
 Add = Callable[[str, str], None]
 
 
@@ -204,9 +208,40 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
-def _requirements(config: dict) -> list[dict]:
-    """Every deployment / LLM config in a serve config as {path, bundles, strategy, actor, accelerators}."""
-    reqs = []
+def rayline_apps(config: dict | None, add: Add) -> list[tuple[str, ServeConfig]]:
+    """(application path, serving Config) of each app `serve.app:build_app` builds, read from its `args.config`;
+    a config the builder would refuse is reported at the field it names (the app would never start)."""
+    found = []
+    for i, app in enumerate(_list(_map(config).get("applications"))):
+        if _map(app).get("import_path") != BUILDER or not isinstance(_dig(app, "args", "config"), dict):
+            continue
+        where = f"spec.serveConfigV2.applications[{i}].args.config"
+        try:
+            found.append((f"spec.serveConfigV2.applications[{i}]", from_dict(ServeConfig, app["args"]["config"], where)))
+        except ConfigError as e:
+            field, _, why = str(e).removeprefix(f"{where}: ").partition(": ")
+            add(f"{where}.{field}", f"{why} ({BUILDER} refuses this serving config: the app would never start)")
+    return found
+
+
+def _rayline_requirements(app_path: str, cfg: ServeConfig) -> list[dict]:
+    """rayline's engine (and its ingress, when a separate deployment) in the shape `_requirements` returns."""
+    e, where = cfg.engine, f"{app_path}.args.config"
+    gpu = e.accelerator == "gpu"
+    what = (f"one engine (tensor_parallel_size {e.tensor_parallel_size} x pipeline_parallel_size {e.pipeline_parallel_size}"
+            f" GPUs, cpus_per_engine {e.cpus_per_engine:g} each)") if gpu else f"one engine (cpus_per_engine {e.cpus_per_engine:g})"
+    reqs = [dict(path=app_path, bundle_path=f"{where}.engine.{'tensor_parallel_size' if gpu else 'cpus_per_engine'}",
+                 bundles=placement_bundles(e), strategy=placement_strategy(e), actor={}, what=what,
+                 accelerators=[(e.accelerator_type, "args.config.engine.accelerator_type")] if e.accelerator_type else [])]
+    if cfg.ingress == "deployment":
+        reqs.append(dict(path=app_path, actor_path=f"{where}.ingress_cpus", bundles=[], strategy="", accelerators=[],
+                         actor={"CPU": cfg.ingress_cpus}))
+    return reqs
+
+
+def _requirements(config: dict, rayline: list[tuple[str, ServeConfig]]) -> list[dict]:
+    """Every deployment / LLM config / rayline engine in a serve config as {path, bundles, strategy, actor, accelerators}."""
+    reqs = [r for app_path, cfg in rayline for r in _rayline_requirements(app_path, cfg)]
     for i, app in enumerate(_list(config.get("applications"))):
         app_path = f"spec.serveConfigV2.applications[{i}]"
         for j, dep in enumerate(_list(_dig(app, "deployments"))):
@@ -236,6 +271,7 @@ def _requirements(config: dict) -> list[dict]:
 def _check_placement(reqs: list[dict], shapes: list[PodShape], add: Add) -> None:
     for req in reqs:
         bundles, strategy, where = req["bundles"], str(req["strategy"]).upper(), req.get("bundle_path", req["path"])
+        what = f"{req['what']}: " if req.get("what") else ""
         if bundles and strategy == "STRICT_PACK":
             total: dict[str, float] = {}
             for b in bundles:
@@ -243,20 +279,48 @@ def _check_placement(reqs: list[dict], shapes: list[PodShape], add: Add) -> None
                     total[key] = total.get(key, 0.0) + (float(v) if isinstance(v, (int, float)) else 0.0)
             if not any(_fits(total, s) for s in shapes):
                 need = ", ".join(f"{k} {v:g}" for k, v in total.items() if k in ("CPU", "GPU"))
-                add(where, f"STRICT_PACK puts all {len(bundles)} bundles on one node ({need}), but no pod offers that ({_describe(shapes)}); the placement group would stay pending")
+                add(where, f"{what}STRICT_PACK puts all {len(bundles)} bundles on one node ({need}), but no pod offers that ({_describe(shapes)}); the placement group would stay pending")
         elif bundles:
             for n, b in enumerate(bundles):
                 need = {k: float(v) for k, v in b.items() if isinstance(v, (int, float))}
                 if not any(_fits(need, s) for s in shapes):
-                    add(where, f"bundle {n} {b} fits no pod ({_describe(shapes)}); the placement group would stay pending")
+                    add(where, f"{what}bundle {n} {b} fits no pod ({_describe(shapes)}); the placement group would stay pending")
             if strategy == "STRICT_SPREAD" and sum(s.count for s in shapes if any(_fits(b, s) for b in bundles)) < len(bundles):
                 add(where, f"STRICT_SPREAD needs {len(bundles)} distinct pods, but fewer pods can host these bundles")
         elif req["actor"] and not any(_fits({k: float(v) for k, v in req["actor"].items() if isinstance(v, (int, float))}, s) for s in shapes):
-            add(f"{req['path']}.ray_actor_options", f"a replica needs {req['actor']} but no pod offers that ({_describe(shapes)})")
+            add(req.get("actor_path", f"{req['path']}.ray_actor_options"), f"a replica needs {req['actor']} but no pod offers that ({_describe(shapes)})")
         for accel, field in req["accelerators"]:
             if not any(accelerator_matches(str(accel), label) for s in shapes for label in s.accelerators):
                 add(f"{req['path']}.{field}", f"accelerator_type {accel!r} is on no worker group: add a nodeSelector (nvidia.com/gpu.product, "
                     "cloud.google.com/gke-accelerator) naming it, or the replica waits for a node that never comes")
+
+
+def engines_that_fit(bundles: list[dict[str, float]], shapes: list[PodShape]) -> float:
+    """How many engines of these bundles the pods hold at once, each engine on one pod (math.inf: unbounded)."""
+    need: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            if v and k not in ("memory", "object_store_memory") and not str(k).startswith("accelerator_type:"):
+                need[k] = need.get(k, 0.0) + float(v)
+    total = 0.0
+    for s in shapes:
+        per_pod = min((math.floor(s.resources.get(k, 0.0) / v + 1e-9) for k, v in need.items()), default=math.inf)
+        if per_pod and s.count:
+            total += per_pod * s.count
+    return total
+
+
+def _check_rayline_replicas(app_path: str, cfg: ServeConfig, shapes: list[PodShape], add: Add) -> None:
+    fit, scaling = engines_that_fit(placement_bundles(cfg.engine), shapes), cfg.autoscaling
+    if fit < 1:
+        return  # not even one engine fits: _check_placement says so
+    start = ("initial_replicas", scaling.initial_replicas) if scaling.initial_replicas is not None else ("min_replicas", scaling.min_replicas)
+    for (field, n), outcome in ((start, "the app would never become RUNNING"),
+                                (("max_replicas", scaling.max_replicas), f"scaling past {fit:g} replicas would wait forever for a placement group")):
+        if n > fit:
+            add(f"{app_path}.args.config.autoscaling.{field}", f"{n} engine replicas of {placement_bundles(cfg.engine)} each, but the pods hold "
+                f"at most {fit:g} at once ({_describe(shapes)}); {outcome}: lower it or give the worker group more pods (maxReplicas)")
+            return
 
 
 def _number(text: Any) -> float | None:
@@ -265,12 +329,15 @@ def _number(text: Any) -> float | None:
     return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}[m.group(2)] if m else None
 
 
-def _check_gpu_memory(annotations: dict, config: dict | None, add: Add) -> None:
+def _check_gpu_memory(annotations: dict, config: dict | None, rayline: list[tuple[str, ServeConfig]], add: Add) -> None:
     if "rayline.io/model-params" not in annotations:
         return
     a = {k.removeprefix("rayline.io/"): v for k, v in annotations.items() if str(k).startswith("rayline.io/")}
     llms = [(f"spec.serveConfigV2.applications[{i}].args.llm_configs[{k}]", llm) for i, app in enumerate(_list(_map(config).get("applications")))
             for k, llm in enumerate(_list(_dig(app, "args", "llm_configs"))) if isinstance(llm, dict)]
+    llms += [(f"{app_path}.args.config.engine", {"accelerator_type": cfg.engine.accelerator_type, "engine_kwargs": {
+        k: getattr(cfg.engine, k) for k in ("max_model_len", "max_num_seqs", "tensor_parallel_size", "gpu_memory_utilization")}, "rayline": True})
+        for app_path, cfg in rayline if cfg.engine.accelerator == "gpu"]
     for path, llm in llms or [("metadata.annotations[rayline.io/model-params]", {})]:
         engine = _map(llm.get("engine_kwargs"))
         gib = a.get("gpu-memory-gib") or GPU_MEMORY_GIB.get(str(llm.get("accelerator_type", "")).upper())
@@ -290,54 +357,11 @@ def _check_gpu_memory(annotations: dict, config: dict | None, add: Add) -> None:
             add(path, str(e))
             continue
         if not ok:
-            add(f"{path}.engine_kwargs" if llm else path, f"model does not fit GPU memory: {why}")
-
-
-def _looks_secret(name: str) -> bool:
-    words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
-    return bool(words) and any(w in _SECRET_WORDS for w in words) and words[-1] not in _NOT_SECRET_SUFFIXES
-
-
-def _check_secrets(node: Any, path: str, add: Add) -> None:
-    """Container `env` lists and runtime_env `env_vars` maps anywhere under `node`; values are never echoed."""
-    if isinstance(node, list):
-        for i, item in enumerate(node):
-            _check_secrets(item, child_path(path, i), add)
-    if not isinstance(node, dict):
-        return
-    for key, value in node.items():
-        key_path = child_path(path, str(key))
-        if key == "env" and isinstance(value, list):
-            for i, e in enumerate(value):
-                if isinstance(e, dict) and _looks_secret(str(e.get("name", ""))) and e.get("value") and not re.fullmatch(r"\$\(\w+\)", str(e["value"])):
-                    add(f"{key_path}[{i}].value", f"{e['name']} looks like a secret but has a literal value; use valueFrom.secretKeyRef")
-        elif key == "env_vars" and isinstance(value, dict):
-            for name, v in value.items():
-                if _looks_secret(str(name)) and v and not re.fullmatch(r"\$\{?\w+\}?", str(v)):
-                    add(child_path(key_path, str(name)), f"{name} looks like a secret but is written into the runtime_env in plain text; put it in a Secret and expose it through the container env (valueFrom.secretKeyRef)")
-        else:
-            _check_secrets(value, key_path, add)
-
-
-def _check_exposure(doc: dict, cluster: dict, base: str, add: Add) -> None:
-    head, head_path = _map(cluster.get("headGroupSpec")), f"{base}.headGroupSpec"
-    if head.get("serviceType") in ("LoadBalancer", "NodePort"):
-        add(f"{head_path}.serviceType", f"{head['serviceType']} exposes the head's dashboard/job API (8265), GCS (6379) and client (10001) ports outside the cluster; use ClusterIP and kubectl port-forward")
-    if head.get("enableIngress") is True:
-        add(f"{head_path}.enableIngress", "enableIngress publishes the Ray dashboard and job-submission API through an Ingress; keep it off and port-forward")
-    services = [(head.get("headService"), f"{head_path}.headService", True)]
-    if doc.get("kind") == "RayService":
-        services.append(((doc.get("spec") or {}).get("serveService"), "spec.serveService", False))
-    for svc, svc_path, defaults_exposed in services:
-        if _dig(svc, "spec", "type") in ("LoadBalancer", "NodePort"):
-            ports = [p.get("port") for p in _dig(svc, "spec", "ports") or [] if isinstance(p, dict)]
-            exposed = [f"{p} ({_EXPOSED_PORTS[p]})" for p in ports if p in _EXPOSED_PORTS]
-            if exposed or (defaults_exposed and not ports):
-                add(f"{svc_path}.spec.type", f"{_dig(svc, 'spec', 'type')} Service exposes {', '.join(exposed) or 'the default head ports 8265/6379/10001'} outside the cluster")
+            add(f"{path}.engine_kwargs" if llm and not llm.get("rayline") else path, f"model does not fit GPU memory: {why}")
 
 
 def check_preflight(doc: dict) -> list[Problem]:
-    """rayline's preflight (a)-(f) for one manifest as written (before CRD defaults)."""
+    """rayline's preflight (a)-(g) for one manifest as written (before CRD defaults)."""
     problems: list[Problem] = []
 
     def add(path: str, message: str) -> None:
@@ -348,20 +372,23 @@ def check_preflight(doc: dict) -> list[Problem]:
     annotations = annotations if isinstance(annotations, dict) else {}
     cluster, base = cluster_spec_of(doc)
     config = load_serve_config(spec) if doc.get("kind") == "RayService" else None
+    rayline = rayline_apps(config, add)
     if cluster is not None:
         shapes = pod_shapes(cluster)
-        reqs = _requirements(config) if config else []
+        reqs = _requirements(config, rayline) if config else []
         if doc.get("kind") == "RayJob" and (spec.get("entrypointNumCpus") or spec.get("entrypointNumGpus")):
             reqs.append(dict(path="spec", bundles=[], strategy="", accelerators=[],
                              actor={"CPU": spec.get("entrypointNumCpus") or 0, "GPU": spec.get("entrypointNumGpus") or 0}))
         _check_placement(reqs, shapes, add)
-        _check_exposure(doc, cluster, base, add)
+        for app_path, cfg in rayline:
+            _check_rayline_replicas(app_path, cfg, shapes, add)
+        check_exposure(doc, cluster, base, add)
         for i, g in enumerate(_list(cluster.get("workerGroupSpecs"))):
             lo, hi, n = _dig(g, "minReplicas"), _dig(g, "maxReplicas"), _dig(g, "replicas")
             if all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi, n)) and not lo <= n <= hi:
                 add(f"{base}.workerGroupSpecs[{i}].replicas", f"replicas {n} is outside [minReplicas {lo}, maxReplicas {hi}]; the operator silently clamps it")
-    _check_gpu_memory(annotations, config, add)
-    _check_secrets(spec, "spec", add)
+    _check_gpu_memory(annotations, config, rayline, add)
+    check_secrets(spec, "spec", add)
     for field, parsed in (("runtimeEnvYAML", spec.get("runtimeEnvYAML")), ("serveConfigV2", config)):
         if isinstance(parsed, str):
             try:
@@ -369,5 +396,5 @@ def check_preflight(doc: dict) -> list[Problem]:
             except yaml.YAMLError:
                 parsed = None
         if isinstance(parsed, dict):
-            _check_secrets(parsed, f"spec.{field}", add)
+            check_secrets(parsed, f"spec.{field}", add)
     return problems
