@@ -1,13 +1,16 @@
 """Training throughput: rayline's TorchTrainer vs torchrun, same FSDP2 loop, same `small` model, same data.
 
-    python bench/bench_train.py [--steps 30] [--warmup 5] [--micro-batch 4] [--work-dir out/bench]
+    python bench/bench_train.py [--steps 30] [--warmup 5] [--micro-batch 4] [--rounds 2] [--work-dir out/bench] [--quick]
 
 Both sides run `train.loop.train_loop` with the model sharded by `train.fsdp` on 2 CPU workers (gloo)
 over the prepared sample corpus. rayline runs the train stage's own worker function through
 `train.trainer.build_trainer` (Ray Data shards, Ray Train checkpoints); the baseline is
-`torchrun --nproc_per_node 2` of this file reading the same Parquet files directly. The timed window
-is the optimizer steps after `--warmup` (eval and checkpoint time excluded on both sides). The last
-line is the ratio: `rayline vs torchrun: 0.95x`.
+`torchrun --nproc_per_node 2` of this file reading the same Parquet files directly, with the torch threads,
+OMP_NUM_THREADS and niceness of Ray's train workers. The timed window is the optimizer steps after
+`--warmup` (eval and checkpoint time excluded on both sides). The sides run --rounds times in A-B-B-A
+order (the machine's speed drifts) and are pooled: steps over seconds. Each side's effective set-up is
+printed, its workers' processes read back while they train (bench/equal_terms.py); the last line is the
+ratio, given only when the set-ups agree: `rayline vs torchrun: 0.95x`.
 
 It joins the Ray cluster the environment names (the local stack), or starts a local one.
 """
@@ -17,16 +20,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
+
 WORLD = 2
 RESULT_PREFIX = "BENCH_RESULT "
+# OMP_NUM_THREADS is shown, not matched: Ray leaves it unset in a fractional-CPU worker and torchrun sets it
+# to 1 when it is unset, but both workers call torch.set_num_threads (which sets OpenMP's count too), so
+# "torch threads" is what decides their compute threads.
+MUST_MATCH = ["worker processes", "niceness", "CPU affinity", "torch threads", "backend", "precision",
+              "micro-batch x seq_len", "grad accumulation", "timed steps"]
 
 
 def prepare_inputs(work: Path) -> str:
@@ -77,6 +89,55 @@ def join_ray() -> None:
         ray.init(address="local", num_cpus=os.cpu_count(), runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
 
 
+def torch_threads(plan) -> int:
+    """The torch threads a worker runs: what train/worker.py sets from the plan, and the baseline too."""
+    return max(1, int(plan.resources_per_worker.get("CPU", 1)))
+
+
+def loop_setup(cfg, plan, steps: int) -> dict:
+    """What both sides' loops are given (the same config and plan), in set-up terms."""
+    return {"torch threads": torch_threads(plan), "precision": "bf16" if cfg.bf16 else "fp32",
+            "micro-batch x seq_len": f"{cfg.train.micro_batch_size} x {plan.seq_len}",
+            "grad accumulation": cfg.train.grad_accum_steps, "timed steps": steps}
+
+
+class WorkerWatch:
+    """Reads the training workers' processes back while they run (every second, in a thread): how many
+    there are at most at once, and their niceness, OMP_NUM_THREADS and CPU affinity. `match` picks them
+    by their command line."""
+
+    def __init__(self, match):
+        self.match, self.best, self._stop = match, {}, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(1.0):
+            found = []
+            for proc in psutil.process_iter():
+                try:
+                    if self.match(proc.cmdline()):
+                        found.append((proc.nice(), proc.environ().get("OMP_NUM_THREADS", "unset"),
+                                      len(proc.cpu_affinity())))
+                except (psutil.Error, OSError):
+                    continue
+            if found and len(found) >= self.best.get("worker processes", 0):
+                self.best = {"worker processes": len(found), **{k: _one_or_all(v) for k, v in zip(
+                    ("niceness", "OMP_NUM_THREADS", "CPU affinity"), zip(*found))}}
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        return self.best
+
+
+def _one_or_all(values) -> object:
+    distinct = sorted(set(values), key=str)
+    return distinct[0] if len(distinct) == 1 else "/".join(map(str, distinct))
+
+
 def run_rayline(cfg) -> dict:
     """The train stage's TorchTrainer; timing from the checkpoints at the end of warmup and at the last step."""
     import ray
@@ -85,29 +146,46 @@ def run_rayline(cfg) -> dict:
     from train.trainer import build_trainer
 
     plan = plan_run(cfg, ray.cluster_resources())
-    result = build_trainer(cfg, plan, mlflow_run_id=None).fit()
+    trainer = build_trainer(cfg, plan, mlflow_run_id=None)
+    watch = WorkerWatch(lambda cmdline: any("RayTrainWorker" in part for part in cmdline))
+    try:
+        result = trainer.fit()
+    finally:
+        workers = watch.stop()
     by_step = {int(m["step"]): m for _, m in result.best_checkpoints}
     warm, last = by_step[cfg.train.checkpoint_every_steps], by_step[plan.total_steps]
     steps = last["step"] - warm["step"]
     seconds = last["train_time_s"] - warm["train_time_s"]
-    return {"steps": steps, "seconds": seconds, "tokens": (last["tokens_seen"] - warm["tokens_seen"]),
-            "resources_per_worker": plan.resources_per_worker}
+    setup = {**workers, "backend": trainer.backend_config.backend, **loop_setup(cfg, plan, steps)}
+    return {"steps": steps, "seconds": seconds, "tokens": (last["tokens_seen"] - warm["tokens_seen"]), "setup": setup}
 
 
-def run_torchrun(cfg_path: Path) -> dict:
+def run_torchrun(cfg_path: Path, threads: int, omp: str, nice: int) -> dict:
+    """torchrun of this file's worker at `nice`, with `threads` torch threads and OMP_NUM_THREADS `omp`
+    ("unset": not in its environment, and torchrun then sets 1)."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "--master_port", str(port),
-           str(Path(__file__).resolve()), "--worker", str(cfg_path)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+           str(Path(__file__).resolve()), "--worker", str(cfg_path), "--threads", str(threads)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": omp}
+    if omp == "unset":
+        env.pop("OMP_NUM_THREADS")
+    watch = WorkerWatch(lambda cmdline: "--worker" in cmdline and str(cfg_path) in cmdline
+                        and "torch.distributed.run" not in cmdline)  # the ranks, not their launcher
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+                              preexec_fn=lambda: os.nice(nice - os.getpriority(os.PRIO_PROCESS, 0)))
+    finally:
+        workers = watch.stop()
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    result = json.loads(lines[-1][len(RESULT_PREFIX):])
+    result["setup"] = {**workers, **result["setup"]}
+    return result
 
 
 class ParquetBatches:
@@ -162,7 +240,7 @@ class StepTimes:
         pass
 
 
-def torchrun_worker(cfg_path: Path) -> None:
+def torchrun_worker(cfg_path: Path, threads: int) -> None:
     """One torchrun rank: the same model build, optimizer and loop as a rayline worker, without Ray."""
     import torch
     import torch.distributed as dist
@@ -178,21 +256,24 @@ def torchrun_worker(cfg_path: Path) -> None:
     cfg, plan = from_dict(TrainConfig, spec["cfg"]), RunPlan.from_dict(spec["plan"])
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(max(1, int(plan.resources_per_worker.get("CPU", 1))))
+    torch.set_num_threads(threads)
     torch.manual_seed(cfg.train.seed)
     device = torch.device("cpu")
     model = build_sharded_model(plan.model_uri, device, cfg.model.attn_implementation,
-                                cfg.model.activation_checkpointing, bf16=False)
+                                cfg.model.activation_checkpointing, cfg.bf16)
     optimizer, scheduler = build_optimizer(model, cfg.optim, plan.total_steps)
     from train.checkpoint import TrainerState
 
     hooks = StepTimes()
     train_loop(model, optimizer, scheduler, ParquetBatches(plan.manifest_uri, cfg, rank, world), plan.loop,
-               TrainerState(world_size=world), hooks, device)
+               TrainerState(world_size=world), hooks, device, torch.bfloat16 if cfg.bf16 else torch.float32)
     warm = spec["warmup"]
     if rank == 0:
         timed = [t for s, t in hooks.times.items() if s > warm]
-        print(RESULT_PREFIX + json.dumps({"steps": len(timed), "seconds": sum(timed),
+        # Read back in the running worker, under the same keys as rayline's set-up.
+        setup = {"backend": dist.get_backend(), **loop_setup(cfg, plan, len(timed)),
+                 "torch threads": torch.get_num_threads()}
+        print(RESULT_PREFIX + json.dumps({"steps": len(timed), "seconds": sum(timed), "setup": setup,
                                           "tokens": hooks.tokens[plan.total_steps] - hooks.tokens[warm]}), flush=True)
     dist.destroy_process_group()
 
@@ -202,15 +283,23 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=2, help="runs per side, in A-B-B-A order, pooled")
     p.add_argument("--work-dir", default=str(ROOT / "out/bench"))
+    p.add_argument("--quick", action="store_true", help="a smoke run: 4 steps (2 warmup), one round (rayline then torchrun; ~2.5 min)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        torchrun_worker(Path(args.worker))
+        torchrun_worker(Path(args.worker), args.threads)
         return
+    if args.quick:
+        # One round: a rayline run costs ~80 s from start to finish on 2 cores (Ray Train's controller,
+        # workers, dataset, checkpoints), so a second would take the smoke run past 3 minutes.
+        args.steps, args.warmup, args.rounds = 4, 2, 1
 
     import ray
 
+    from pipelines.config import to_dict
     from train.preflight import plan_run
 
     work = Path(args.work_dir).resolve()
@@ -218,22 +307,53 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     join_ray()
     manifest = prepare_inputs(work)
-    cfg = train_config(work, manifest, args, f"bench-{int(time.time())}")
-    plan = plan_run(cfg, ray.cluster_resources())
-    spec = work / "torchrun_spec.json"
-    from pipelines.config import to_dict
+    runs: dict[str, list[dict]] = {"rayline": [], "torchrun": []}
+    for i, order in enumerate(round_order(["rayline", "torchrun"], args.rounds)):
+        # A fresh run name each time: the same one would resume from the last run's checkpoints.
+        cfg = train_config(work, manifest, args, f"bench-{int(time.time())}-{i}")
+        plan = plan_run(cfg, ray.cluster_resources())
+        if i == 0:
+            print(f"model small ({work / 'small-model'}), {plan.train_rows} train rows x {plan.seq_len} tokens, "
+                  f"{WORLD} workers x micro-batch {args.micro_batch}, {args.steps} steps ({args.warmup} warmup)",
+                  flush=True)
+        for side in order:
+            start = time.perf_counter()
+            if side == "rayline":
+                r = run_rayline(cfg)
+            else:
+                # Ray's workers as read back in rayline's last run (round 1 runs rayline first): the same
+                # niceness and OMP_NUM_THREADS (Ray leaves it unset for a fractional-CPU worker).
+                terms = runs["rayline"][-1]["setup"]
+                spec = work / "torchrun_spec.json"
+                spec.write_text(json.dumps({"cfg": to_dict(cfg), "plan": plan.to_dict(), "warmup": args.warmup}))
+                r = run_torchrun(spec, torch_threads(plan), str(terms["OMP_NUM_THREADS"]), int(terms["niceness"]))
+            runs[side].append(r)
+            print(f"round {i + 1} {side:8}: {r['steps'] / r['seconds']:.3f} steps/s ({r['steps']} timed steps in "
+                  f"{r['seconds']:.1f}s; {time.perf_counter() - start:.0f}s from start to finish)", flush=True)
+        shutil.rmtree(work / "runs" / cfg.run_name, ignore_errors=True)
 
-    spec.write_text(json.dumps({"cfg": to_dict(cfg), "plan": plan.to_dict(), "warmup": args.warmup}))
-
-    print(f"model small ({work / 'small-model'}), {plan.train_rows} train rows x {plan.seq_len} tokens, "
-          f"{WORLD} workers x micro-batch {args.micro_batch}, {args.steps} steps ({args.warmup} warmup)", flush=True)
-    ours = run_rayline(cfg)
-    base = run_torchrun(spec)
-    for name, r in (("rayline  (TorchTrainer, 2 workers)", ours), ("torchrun (--nproc_per_node 2)    ", base)):
+    pooled = {side: {k: sum(r[k] for r in rs) for k in ("steps", "seconds", "tokens")} for side, rs in runs.items()}
+    setups = {"rayline (TorchTrainer)": _pooled_setup(runs["rayline"]),
+              "torchrun": _pooled_setup(runs["torchrun"])}
+    print(f"\n{args.rounds} rounds per side, A-B-B-A, pooled; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print_setups(setups)
+    for name, r in (("rayline  (TorchTrainer, 2 workers)", pooled["rayline"]),
+                    ("torchrun (--nproc_per_node 2)    ", pooled["torchrun"])):
         print(f"{name}: {r['steps'] / r['seconds']:.3f} steps/s, {r['tokens'] / r['seconds']:,.0f} tokens/s "
               f"({r['steps']} timed steps in {r['seconds']:.1f}s)")
+    ours, base = pooled["rayline"], pooled["torchrun"]
     ratio = (ours["steps"] / ours["seconds"]) / (base["steps"] / base["seconds"])
-    print(f"rayline vs torchrun: {ratio:.2f}x")
+    print(ratio_line("torchrun", ratio, *setups.values(), MUST_MATCH))
+
+
+def _pooled_setup(runs: list[dict]) -> dict:
+    """One set-up for all rounds of a side: a key that changed between rounds shows every value."""
+    keys = dict.fromkeys(k for r in runs for k in r["setup"])
+    out = {}
+    for k in keys:
+        values = list(dict.fromkeys(json.dumps(r["setup"].get(k)) for r in runs))
+        out[k] = runs[0]["setup"].get(k) if len(values) == 1 else " / ".join(values)
+    return out
 
 
 if __name__ == "__main__":
