@@ -17,12 +17,33 @@ def test_fires_once_on_the_chosen_rank(monkeypatch, tmp_path):
     fault_injection.maybe_kill_worker(4, rank=1, world_size=2)  # wrong step
     fault_injection.maybe_kill_worker(5, rank=0, world_size=2)  # default target is the last rank
     assert not marker.exists()
-    with pytest.raises(Killed):
+    with pytest.raises(Killed, match="^137$"):  # the exit status of an OOM-killed process
         fault_injection.maybe_kill_worker(5, rank=1, world_size=2)
-    assert marker.exists()
+    assert marker.read_text() == "killed rank 1 after step 5\n"
     fault_injection.maybe_kill_worker(5, rank=1, world_size=2)  # the restarted worker passes
 
 
-def test_off_without_the_env_var(monkeypatch):
-    monkeypatch.delenv("RAYLINE_FAULT_AT_STEP", raising=False)
-    fault_injection.maybe_kill_worker(5, rank=1, world_size=2)
+def test_rank_env_var_picks_the_victim(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAYLINE_FAULT_AT_STEP", "2")
+    monkeypatch.setenv("RAYLINE_FAULT_RANK", "0")
+    monkeypatch.setenv("RAYLINE_FAULT_MARKER", str(tmp_path / "fired"))
+    monkeypatch.setattr(fault_injection.os, "_exit", lambda code: (_ for _ in ()).throw(Killed(code)))
+    fault_injection.maybe_kill_worker(2, rank=3, world_size=4)
+    with pytest.raises(Killed):
+        fault_injection.maybe_kill_worker(2, rank=0, world_size=4)
+
+
+@pytest.mark.parametrize("at_step", [None, ""])
+def test_off_without_the_env_var(monkeypatch, tmp_path, at_step):
+    marker = tmp_path / "fired"
+    if at_step is None:
+        monkeypatch.delenv("RAYLINE_FAULT_AT_STEP", raising=False)
+    else:
+        monkeypatch.setenv("RAYLINE_FAULT_AT_STEP", at_step)
+    monkeypatch.setenv("RAYLINE_FAULT_MARKER", str(marker))
+    monkeypatch.setattr(fault_injection.os, "_exit", lambda code: (_ for _ in ()).throw(Killed(code)))
+    # No step on any rank kills a worker or leaves a marker behind.
+    for step in range(0, 13):
+        for rank in range(2):
+            fault_injection.maybe_kill_worker(step, rank=rank, world_size=2)
+    assert not marker.exists()
