@@ -285,7 +285,8 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2, help="runs per side, in A-B-B-A order, pooled")
     p.add_argument("--work-dir", default=str(ROOT / "out/bench"))
-    p.add_argument("--quick", action="store_true", help="a smoke run: 4 steps (2 warmup), one round (rayline then torchrun; ~2.5 min)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 4 steps (2 warmup), one round (rayline then torchrun; ~2.5 min)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
