@@ -1,6 +1,13 @@
-"""Deploy targets without a cluster: the RayService patch body (fake CustomObjectsApi), app merging, status parsing."""
+"""Deploy targets: LocalServe against the test stack's real Ray dashboard (Serve REST API) with a tiny Serve app;
+KubeRayService's patch body and status parsing against a recording CustomObjectsApi (no Kubernetes API server
+runs in the test run); app merging and dashboard URL rules.
+"""
 
 from __future__ import annotations
+
+import json
+import time
+import urllib.request
 
 import pytest
 import yaml
@@ -122,65 +129,108 @@ def test_dashboard_url_comes_from_ray_address(monkeypatch):
     assert dashboard_url() == "http://127.0.0.1:8275"
 
 
-class FakeDashboard:
-    """The dashboard's /api/serve/applications/ (GET details, PUT config), recording what it was sent."""
+# ---- LocalServe against the test stack's Ray dashboard (token auth on), with a tiny Serve app ----
+# In order: A and B deployed, A updated and restored, B replaced by a config whose replica fails, B deleted.
 
-    def __init__(self, details: dict):
-        import http.server
-        import json
-        import threading
-
-        self.details, self.puts, self.auth = details, [], []
-        fake = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _reply(self, body: dict):
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):  # noqa: N802
-                fake.auth.append(self.headers.get("Authorization"))
-                self._reply(fake.details)
-
-            def do_PUT(self):  # noqa: N802
-                fake.auth.append(self.headers.get("Authorization"))
-                fake.puts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self._reply({})
-
-            def log_message(self, *a):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+ECHO = "tests.serve.echo_app:build"
+APP_A, APP_B = "rayline-test-target-a", "rayline-test-target-b"
 
 
-@pytest.fixture()
-def dashboard():
-    running = {"name": "other", "route_prefix": "/other", "import_path": "o:app", "args": {}}
-    d = FakeDashboard({"http_options": {"host": "127.0.0.1", "port": 8010}, "applications": {
-        "other": {"status": "RUNNING", "deployed_app_config": running, "deployments": {}},
-        "imperative": {"status": "RUNNING", "deployed_app_config": None, "deployments": {}},
-    }})
-    yield d
-    d.server.shutdown()
+def echo_config(port: int, name: str, **args) -> dict:
+    """A `serve deploy` config of the echo app at /<name>, answering args['message']."""
+    return {"http_options": {"host": "127.0.0.1", "port": port},
+            "applications": [{"name": name, "route_prefix": f"/{name}", "import_path": ECHO, "args": args}]}
 
 
-def test_local_deploy_sends_the_token_and_keeps_other_apps(dashboard, gpu_cfg):
-    target = LocalServe("rayline", dashboard.url, token="tok")
-    target.apply(render_serve_config(gpu_cfg, MODEL))
-    (body,) = dashboard.puts
-    assert [a["name"] for a in body["applications"]] == ["other", "rayline"]
-    assert set(dashboard.auth) == {"Bearer tok"}
-    assert target.state().status == "NOT_STARTED"  # the fake does not run it
+def wait_for(target: LocalServe, done, timeout_s: float = 180) -> AppState:
+    deadline = time.time() + timeout_s
+    while not done(st := target.state()):
+        assert time.time() < deadline, f"{target.describe()} still {st.status}: {st.message} {st.deployments}"
+        time.sleep(0.5)
+    return st
 
 
-def test_local_delete_of_an_absent_app_sends_nothing(dashboard):
-    LocalServe("rayline", dashboard.url, token="tok").delete()
-    assert dashboard.puts == []
-    LocalServe("other", dashboard.url, token="tok").delete()
-    (body,) = dashboard.puts
-    assert body == {"http_options": {"host": "127.0.0.1", "port": 8010}, "applications": []}
+def answer(stack, name: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.serve_port}/{name}", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def wait_for_answer(stack, name: str, message: str, timeout_s: float = 180) -> None:
+    """Until the app at /<name> answers `message` (a rolling update replaces the replica some time after the PUT)."""
+    deadline = time.time() + timeout_s
+    while (got := answer(stack, name)) != {"message": message}:
+        assert time.time() < deadline, f"/{name} still answers {got}, not {message!r}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def dashboard(local_stack):
+    """The test stack's dashboard URL; the echo apps are removed at the end."""
+    url = f"http://127.0.0.1:{local_stack.dashboard_port}"
+    yield url
+    for app in (APP_A, APP_B):
+        LocalServe(app, url).delete()
+
+
+@pytest.mark.slow  # starts Serve on the test stack
+def test_local_apply_deploys_our_app_and_keeps_the_others(local_stack, dashboard):
+    a, b = LocalServe(APP_A, dashboard), LocalServe(APP_B, dashboard)  # the stack's token, from RAY_AUTH_TOKEN_PATH
+    t = time.time()
+    a.apply(echo_config(local_stack.serve_port, APP_A, message="a1"))
+    st = wait_for(a, lambda s: s.status == "RUNNING")
+    assert st.deployments == {"Echo": {"status": "HEALTHY", "message": ""}}
+    assert st.app_config == echo_config(local_stack.serve_port, APP_A, message="a1")["applications"][0]
+    assert t - 1 <= st.deployed_at <= time.time()
+    b.apply(echo_config(local_stack.serve_port, APP_B, message="b1"))
+    wait_for(b, lambda s: s.status == "RUNNING")
+    assert answer(local_stack, APP_A) == {"message": "a1"} and answer(local_stack, APP_B) == {"message": "b1"}
+    assert a.state().status == "RUNNING" and a.current() == st.app_config  # B's PUT carried A along
+
+
+@pytest.mark.slow
+def test_local_restore_puts_the_previous_app_back(local_stack, dashboard):
+    a = LocalServe(APP_A, dashboard)
+    previous = a.current()
+    assert previous["args"] == {"message": "a1"}
+    a.apply(echo_config(local_stack.serve_port, APP_A, message="a2"))
+    wait_for_answer(local_stack, APP_A, "a2")
+    assert a.current()["args"] == {"message": "a2"}
+    a.restore(previous)
+    wait_for_answer(local_stack, APP_A, "a1")
+    assert wait_for(a, lambda s: s.status == "RUNNING").app_config == previous
+    assert LocalServe(APP_B, dashboard).state().status == "RUNNING"
+
+
+@pytest.mark.slow
+def test_local_replica_that_cannot_start_is_reported_and_the_others_keep_serving(local_stack, dashboard):
+    b = LocalServe(APP_B, dashboard)
+    b.apply(echo_config(local_stack.serve_port, APP_B, message="b2", fail=True))
+    st = wait_for(b, lambda s: s.replica_failure() is not None)
+    failure = st.replica_failure()
+    assert failure.startswith("Echo: ") and "echo replica told to fail (message 'b2')" in failure, failure
+    assert wait_for(b, lambda s: s.status == "DEPLOY_FAILED").deployments["Echo"]["status"] == "DEPLOY_FAILED"
+    assert answer(local_stack, APP_A) == {"message": "a1"}
+
+
+@pytest.mark.slow
+def test_local_delete_removes_only_our_app_and_an_absent_one_changes_nothing(local_stack, dashboard):
+    a, b = LocalServe(APP_A, dashboard), LocalServe(APP_B, dashboard)
+    b.delete()
+    wait_for(b, lambda s: s.status == "NOT_STARTED")
+    assert a.state().status == "RUNNING" and answer(local_stack, APP_A) == {"message": "a1"}
+    before = a._details()
+    LocalServe("rayline-test-never-deployed", dashboard).delete()
+    after = a._details()
+    assert (after["applications"].keys(), after["http_options"], after["controller_info"]) == (
+        before["applications"].keys(), before["http_options"], before["controller_info"])
+    assert after["applications"][APP_A]["last_deployed_time_s"] == before["applications"][APP_A]["last_deployed_time_s"]
+
+
+@pytest.mark.slow
+def test_local_wrong_or_missing_token_is_refused_by_name(dashboard):
+    with pytest.raises(DeployError, match=r"GET .*/api/serve/applications/: HTTP 403: Forbidden: Invalid authentication token"):
+        LocalServe(APP_A, dashboard, token="not-the-token").state()
+    with pytest.raises(DeployError, match=r"HTTP 401: Unauthorized: Missing authentication token"):
+        LocalServe(APP_A, dashboard, token="").state()
+    with pytest.raises(DeployError, match=r"is the Ray dashboard up\?"):
+        LocalServe(APP_A, "http://127.0.0.1:9", token="x", timeout_s=5).state()
