@@ -1,18 +1,16 @@
 """Layer 1: a KubeRay manifest against its CRD's OpenAPI schema, as an API server with strict field validation would.
 
-No API server runs here, so this module does its job offline: it loads the KubeRay v1.7.0 CRDs (default
-`<project root>/../shared/kuberay-crds/v1.7.0/`, or any directory of CRD YAML such as
-`kubectl get crd rayjobs.ray.io -o yaml` output), picks the CRD by the manifest's apiVersion group and kind
-and the schema of that version, applies the schema's defaults and reports every problem it finds:
+No API server runs here, so this module does its job offline. It loads the CRDs (by default the KubeRay v1.7.0
+CRDs shipped in `rayjobs/crds/v1.7.0/`, or any directory of CRD YAML such as `kubectl get crd rayjobs.ray.io
+-o yaml` output), picks the CRD by the manifest's apiVersion group and kind and the schema of that version,
+applies the schema's defaults as the server does, and reports every problem:
 
-- unknown fields (unless `x-kubernetes-preserve-unknown-fields`), with a "did you mean" for typos;
-- types (`integer` never accepts booleans or 1.0, `number`, `string`, `boolean`), `x-kubernetes-int-or-string`,
-  `nullable` (a null in a non-nullable field is dropped, as the server prunes it), int32/int64 and
-  date-time formats, enum, required, minimum/maximum, min/maxItems, min/maxLength, min/maxProperties, pattern;
-- `x-kubernetes-list-type: map` (duplicate map keys) and `set` (duplicate items);
-- `x-kubernetes-validations`: `evaluate_cel` (bottom of this module) runs the CEL subset these CRDs use;
-  a rule outside it is reported as "unsupported CEL rule", never passed; transition rules (`oldSelf`)
-  are skipped because a fresh manifest is a create;
+- the structural schema, by `jsonschema`: the CRD's OpenAPI v3 schema translated to JSON Schema draft 4
+  (`to_json_schema`) with the Kubernetes extensions on top: unknown fields are errors unless
+  `x-kubernetes-preserve-unknown-fields` (with a "did you mean" for typos), `x-kubernetes-int-or-string`,
+  `nullable`, the int32/int64/date-time formats, and `x-kubernetes-list-type` map keys and set items unique;
+- the `x-kubernetes-validations` CEL rules, by `cel-python`, on values that passed the structural checks;
+  transition rules (`oldSelf`) are skipped because a fresh manifest is a create;
 - the top-level `metadata` as ObjectMeta: name (DNS-1123 subdomain, as for every custom resource),
   namespace (DNS-1123 label), label keys/values, annotation keys, string maps.
 
@@ -21,20 +19,21 @@ and the schema of that version, applies the schema's defaults and reports every 
 
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
-import datetime
 import difflib
 import functools
+import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+import jsonschema
 import yaml
+from jsonschema.exceptions import ValidationError
 
 LAYER = "crd-schema"
-DEFAULT_CRD_DIR = Path(__file__).resolve().parents[1].parent / "shared/kuberay-crds/v1.7.0"
+DEFAULT_CRD_DIR = Path(__file__).resolve().parent / "crds" / "v1.7.0"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader parses the 1 MB CRDs ~10x faster
 
 
@@ -116,8 +115,8 @@ def _crds_in_file(path: str, mtime: float) -> tuple[dict, ...]:
     return tuple(d for d in docs if d.get("kind") == "CustomResourceDefinition")
 
 
-def find_version(api_version: str, kind: str, crd_dir: Path | None = None) -> dict:
-    """The CRD `spec.versions[]` entry serving `api_version` (`group/version`) for `kind`; raises CrdNotFound."""
+def _locate(api_version: str, kind: str, crd_dir: Path | None) -> tuple[str, float, int, int]:
+    """(file, its mtime, CRD index in the file, version index) serving `api_version` and `kind`."""
     crd_dir = Path(crd_dir) if crd_dir else DEFAULT_CRD_DIR
     if not crd_dir.is_dir():
         raise CrdNotFound(f"CRD directory {crd_dir} does not exist; pass --crd-dir with the KubeRay CRD YAMLs")
@@ -126,16 +125,24 @@ def find_version(api_version: str, kind: str, crd_dir: Path | None = None) -> di
     # Parse the file named after the kind first: each CRD is ~1 MB of YAML.
     files.sort(key=lambda p: kind.lower() not in p.name.lower())
     for p in files:
-        for crd in _crds_in_file(str(p), p.stat().st_mtime):
+        mtime = p.stat().st_mtime
+        for c, crd in enumerate(_crds_in_file(str(p), mtime)):
             spec = crd.get("spec", {})
             if spec.get("group") != group or spec.get("names", {}).get("kind") != kind:
                 continue
-            for v in spec.get("versions", []):
-                if v.get("name") == version and v.get("served", True):
-                    return v
-            served = [v.get("name") for v in spec.get("versions", []) if v.get("served", True)]
+            versions = spec.get("versions", [])
+            for v, entry in enumerate(versions):
+                if entry.get("name") == version and entry.get("served", True):
+                    return str(p), mtime, c, v
+            served = [v.get("name") for v in versions if v.get("served", True)]
             raise CrdNotFound(f"{group} {kind} is not served at version {version!r} (served: {served})")
     raise CrdNotFound(f"no CRD for apiVersion {api_version!r} kind {kind!r} in {crd_dir}")
+
+
+def find_version(api_version: str, kind: str, crd_dir: Path | None = None) -> dict:
+    """The CRD `spec.versions[]` entry serving `api_version` (`group/version`) for `kind`; raises CrdNotFound."""
+    path, mtime, c, v = _locate(api_version, kind, crd_dir)
+    return _crds_in_file(path, mtime)[c]["spec"]["versions"][v]
 
 
 def apply_defaults(value: Any, schema: dict) -> Any:
@@ -157,391 +164,257 @@ def apply_defaults(value: Any, schema: dict) -> Any:
     return copy.deepcopy(value)
 
 
-# --- schema walk ----------------------------------------------------------------------------------------
+# --- OpenAPI v3 -> JSON Schema, and the Kubernetes keywords jsonschema lacks ------------------------------
+_NESTED = ("properties", "additionalProperties", "items", "not", "allOf", "anyOf", "oneOf")
+_DROPPED = ("description", "default", "nullable", "example", "externalDocs")
+
+
+def to_json_schema(schema: dict, structural: bool = True) -> dict:
+    """A CRD's OpenAPI v3 schema as JSON Schema draft 4 (OpenAPI 3.0's base) that jsonschema checks as the server does.
+
+    Objects that do not preserve unknown fields get `additionalProperties: false` (strict field validation);
+    int-or-string becomes `type: [integer, string]`; nullable adds `null`. Branches of anyOf/allOf/oneOf/not
+    only validate values (`structural=False`): they never reject fields. `x-kubernetes-*` keys stay for the
+    keywords this module adds.
+    """
+    out = {k: v for k, v in schema.items() if k not in _NESTED + _DROPPED}
+    if "properties" in schema:
+        out["properties"] = {k: to_json_schema(s, structural) for k, s in schema["properties"].items()}
+    addl = schema.get("additionalProperties")
+    if isinstance(addl, dict):
+        out["additionalProperties"] = to_json_schema(addl, structural)
+    elif addl is not None:
+        out["additionalProperties"] = addl
+    elif structural and schema.get("type") == "object" and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    if isinstance(schema.get("items"), dict):
+        out["items"] = to_json_schema(schema["items"], structural)
+    if "not" in schema:
+        out["not"] = to_json_schema(schema["not"], structural=False)
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in schema:
+            out[key] = [to_json_schema(s, structural=False) for s in schema[key]]
+    if schema.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+        if out.get("anyOf") == [{"type": "integer"}, {"type": "string"}]:
+            del out["anyOf"]  # the same thing, said the way OpenAPI v3.0 has to
+    if schema.get("nullable"):
+        if "type" in out:
+            out["type"] = [*([out["type"]] if isinstance(out["type"], str) else out["type"]), "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+    return out
+
+
 _INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+# The formats these CRDs use; the server ignores formats it does not know, and so does an empty FormatChecker.
+_FORMATS = jsonschema.FormatChecker(formats=())
+for _name, (_lo, _hi) in _INT_RANGES.items():
+    _FORMATS.checks(_name)(lambda v, lo=_lo, hi=_hi: not isinstance(v, int) or isinstance(v, bool) or lo <= v <= hi)
+_FORMATS.checks("date-time")(lambda v: not isinstance(v, str) or bool(_DATE_TIME.fullmatch(v)))
+
+
+def _list_type(validator: Any, list_type: str, instance: Any, schema: dict) -> Iterator[ValidationError]:
+    """x-kubernetes-list-type: `map` items unique by their x-kubernetes-list-map-keys, `set` items unique."""
+    if list_type not in ("map", "set") or not validator.is_type(instance, "array"):
+        return
+    keys = schema.get("x-kubernetes-list-map-keys", [])
+    seen: dict[str, int] = {}
+    for i, item in enumerate(instance):
+        if list_type == "map":
+            if not isinstance(item, dict):
+                continue
+            key = json.dumps([item.get(k) for k in keys], sort_keys=True, default=str)
+            what = ", ".join(f"{k}={item.get(k)!r}" for k in keys)
+        else:
+            key, what = json.dumps(item, sort_keys=True, default=str), repr(item)
+        if key in seen:
+            yield ValidationError(f"Duplicate value: {what} (same as [{seen[key]}])", path=[i])
+        seen.setdefault(key, i)
+
+
+def _cel_rules(validator: Any, rules: list, instance: Any, schema: dict) -> Iterator[ValidationError]:
+    """x-kubernetes-validations, by cel-python, once the value passed the structural checks (as on the server)."""
+    structural = {k: v for k, v in schema.items() if k != "x-kubernetes-validations"}
+    if not _Structural(structural, format_checker=_FORMATS).is_valid(instance):
+        return
+    for rule in rules:
+        expr = rule.get("rule", "")
+        if re.search(r"\boldSelf\b", expr) and not rule.get("optionalOldSelf"):
+            continue  # a transition rule: the server runs it on update only, and a manifest is a create
+        at = [part for part in rule.get("fieldPath", "").split(".") if part]
+        try:
+            ok = evaluate_cel(expr, instance)
+        except CelError as e:
+            yield ValidationError(f"CEL rule {expr!r} could not be evaluated by cel-python: {e}; check it by hand", path=at)
+            continue
+        if not ok:
+            yield ValidationError(rule.get("message") or f"failed rule: {expr}", path=at)
+
+
+_Structural = jsonschema.validators.extend(jsonschema.Draft4Validator, {"x-kubernetes-list-type": _list_type})
+_Kubernetes = jsonschema.validators.extend(_Structural, {"x-kubernetes-validations": _cel_rules})
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(path: str, mtime: float, c: int, v: int) -> tuple[dict, Any]:
+    """(OpenAPI schema, jsonschema validator of everything but metadata and status) of one CRD version."""
+    schema = _crds_in_file(path, mtime)[c]["spec"]["versions"][v]["schema"]["openAPIV3Schema"]
+    body = dict(schema, properties={k: s for k, s in schema.get("properties", {}).items() if k not in ("metadata", "status")})
+    return schema, _Kubernetes(to_json_schema(body), format_checker=_FORMATS)
+
+
+# --- CEL ------------------------------------------------------------------------------------------------
+class CelError(ValueError):
+    """cel-python could not compile or evaluate a rule (a Kubernetes-only function, a field read without has())."""
+
+
+@functools.cache
+def _cel_environment() -> Any:
+    import celpy  # building its parser takes ~1 s: only manifests that reach a rule pay for it
+
+    return celpy.Environment()
+
+
+@functools.lru_cache(maxsize=256)
+def _cel_program(expr: str) -> Any:
+    import celpy
+
+    env = _cel_environment()
+    try:
+        return env.program(env.compile(expr))
+    except celpy.CELParseError as e:
+        raise CelError(f"does not parse: {e}") from None
+
+
+def evaluate_cel(expr: str, self_value: Any) -> bool:
+    """A CRD validation rule evaluated by cel-python with `self` bound to `self_value` (YAML/JSON data).
+
+    Raises CelError if the rule does not parse, fails at run time (a field read without has(), a function
+    of Kubernetes' CEL libraries that cel-python lacks) or does not give a bool.
+    """
+    import celpy
+
+    try:
+        result = _cel_program(expr).evaluate({"self": celpy.json_to_cel(self_value)})
+    except celpy.CELEvalError as e:
+        raise CelError(str(e.args[0]).split(" (in activation")[0]) from None
+    if not isinstance(result, celpy.celtypes.BoolType):
+        raise CelError(f"rule evaluated to {result!r}, not a bool")
+    return bool(result)
+
+
+# --- jsonschema errors -> Problems ----------------------------------------------------------------------
 _PATTERN_NAMES = {  # the patterns these CRDs repeat, said in words
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$":
         "must be a Kubernetes quantity such as 500m, 2, 1.5 or 16Gi",
 }
-_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+_BOUNDS = {"minItems": ("at least", "items"), "maxItems": ("no more than", "items"),
+           "minLength": ("at least", "characters"), "maxLength": ("no more than", "characters"),
+           "minProperties": ("at least", "properties"), "maxProperties": ("no more than", "properties")}
 
 
 def _type_of(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, (str, datetime.date)):
-        return "string"
-    return {dict: "object", list: "array"}.get(type(value), type(value).__name__)
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else "boolean"
+    return {int: "integer", float: "number", str: "string", dict: "object", list: "array"}.get(type(value), type(value).__name__)
 
 
-def _fits(value: Any, typ: str) -> bool:
-    actual = _type_of(value)
-    return actual == typ or (typ == "number" and actual == "integer")
+def _unknown_field(key: Any, known: dict) -> str:
+    near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
+    if near:
+        return f'unknown field "{key}" (did you mean "{near[0]}"?)'
+    return f'unknown field "{key}"' + (f"; known fields: {', '.join(sorted(known))}" if known and len(known) <= 12 else "")
 
 
-class _Walker:
-    """Validates a value against a structural schema, appending to `problems`."""
-
-    def __init__(self) -> None:
-        self.problems: list[Problem] = []
-        self.structural = 0  # problems other than failed CEL rules
-
-    def add(self, path: str, message: str, cel: bool = False) -> None:
-        self.problems.append(Problem(path, message, LAYER))
-        self.structural += not cel
-
-    def check(self, value: Any, schema: dict, path: str) -> None:
-        before = self.structural
-        if schema.get("x-kubernetes-int-or-string"):
-            if _type_of(value) not in ("integer", "string"):
-                return self.add(path, f"must be an integer or a string, got {_type_of(value)} {value!r}")
-            self._scalar(value, schema, path)
-        elif "type" in schema:
-            if not _fits(value, schema["type"]):
-                return self.add(path, f"must be of type {schema['type']}, got {_type_of(value)} {value!r}")
-            {"object": self._object, "array": self._array}.get(schema["type"], self._scalar)(value, schema, path)
-        elif not schema.get("x-kubernetes-preserve-unknown-fields"):
-            self._combinators(value, schema, path)
-        if self.structural == before:  # CEL only sees values that passed the structural checks
-            for rule in schema.get("x-kubernetes-validations", []):
-                self._cel(value, rule, path)
-
-    def _combinators(self, value: Any, schema: dict, path: str) -> None:
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                ok = sum(not _Walker._errors(value, s, path) for s in schema[key])
-                if ok == 0 or (key == "oneOf" and ok > 1):
-                    self.add(path, f"{value!r} does not match {'any' if ok == 0 else 'exactly one'} of {schema[key]}")
-        for s in schema.get("allOf", []):
-            for p in _Walker._errors(value, s, path):
-                self.add(p.path, p.message)
-
-    @staticmethod
-    def _errors(value: Any, schema: dict, path: str) -> list[Problem]:
-        w = _Walker()
-        w.check(value, schema, path)
-        return w.problems
-
-    def _object(self, value: dict, schema: dict, path: str) -> None:
-        props, addl = schema.get("properties", {}), schema.get("additionalProperties")
-        preserve = schema.get("x-kubernetes-preserve-unknown-fields", False)
-        for key, v in value.items():
-            if not isinstance(key, str):
-                self.add(child_path(path, str(key)), f"field names must be strings, got {_type_of(key)} {key!r}")
-                continue
-            sub = props.get(key, addl if isinstance(addl, dict) else None)
-            if sub is None:
-                if not (addl is True or preserve):
-                    near = difflib.get_close_matches(key, props, n=1, cutoff=0.75)
-                    hint = f' (did you mean "{near[0]}"?)' if near else ""
-                    known = "" if near or not props or len(props) > 12 else f"; known fields: {', '.join(sorted(props))}"
-                    self.add(child_path(path, key), f'unknown field "{key}"{hint}{known}')
-                continue
-            if v is None and not sub.get("nullable"):
-                continue  # the server prunes non-nullable nulls before validating
-            self.check(v, sub, child_path(path, key))
-        for req in schema.get("required", []):
-            if value.get(req) is None:
-                self.add(child_path(path, req), "Required value")
-        self._bounds(len(value), schema, "minProperties", "maxProperties", path, "properties")
-
-    def _array(self, value: list, schema: dict, path: str) -> None:
-        items = schema.get("items")
-        if isinstance(items, dict):
-            for i, v in enumerate(value):
-                if v is None and not items.get("nullable"):
-                    self.add(child_path(path, i), "must not be null")
-                else:
-                    self.check(v, items, child_path(path, i))
-        self._bounds(len(value), schema, "minItems", "maxItems", path, "items")
-        list_type = schema.get("x-kubernetes-list-type")
-        seen: dict[str, int] = {}
-        for i, v in enumerate(value):
-            if list_type == "map" and isinstance(v, dict):
-                key = repr(tuple(v.get(k) for k in schema.get("x-kubernetes-list-map-keys", [])))
-                what = ", ".join(f"{k}={v.get(k)!r}" for k in schema.get("x-kubernetes-list-map-keys", []))
-            elif list_type == "set" or schema.get("uniqueItems"):
-                key, what = repr(v), repr(v)
-            else:
-                continue
-            if key in seen:
-                self.add(child_path(path, i), f"Duplicate value: {what} (same as [{seen[key]}])")
-            seen.setdefault(key, i)
-
-    def _scalar(self, value: Any, schema: dict, path: str) -> None:
-        if "enum" in schema and value not in schema["enum"]:
-            self.add(path, f"Unsupported value: {value!r}: supported values: {', '.join(map(repr, schema['enum']))}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            lo, hi = _INT_RANGES.get(schema.get("format"), (None, None))
-            if isinstance(value, int) and lo is not None and not lo <= value <= hi:
-                self.add(path, f"{value} is out of the {schema['format']} range [{lo}, {hi}]")
-            if "minimum" in schema and (value < schema["minimum"] or (schema.get("exclusiveMinimum") and value == schema["minimum"])):
-                self.add(path, f"Invalid value: {value}: should be greater than or equal to {schema['minimum']}")
-            if "maximum" in schema and (value > schema["maximum"] or (schema.get("exclusiveMaximum") and value == schema["maximum"])):
-                self.add(path, f"Invalid value: {value}: should be less than or equal to {schema['maximum']}")
-            if schema.get("multipleOf") and value % schema["multipleOf"]:
-                self.add(path, f"Invalid value: {value}: should be a multiple of {schema['multipleOf']}")
-        if isinstance(value, str):
-            self._bounds(len(value), schema, "minLength", "maxLength", path, "characters")
-            if "pattern" in schema and not re.search(schema["pattern"], value):
-                what = _PATTERN_NAMES.get(schema["pattern"], f"should match {schema['pattern']!r}")
-                self.add(path, f"Invalid value: {value!r}: {what}")
-            if schema.get("format") == "date-time" and not _DATE_TIME.fullmatch(value):
-                self.add(path, f"Invalid value: {value!r}: should be an RFC 3339 date-time")
-
-    def _bounds(self, n: int, schema: dict, lo_key: str, hi_key: str, path: str, unit: str) -> None:
-        if lo_key in schema and n < schema[lo_key]:
-            self.add(path, f"should have at least {schema[lo_key]} {unit}, has {n}")
-        if hi_key in schema and n > schema[hi_key]:
-            self.add(path, f"may not have more than {schema[hi_key]} {unit}, has {n}")
-
-    def _cel(self, value: Any, rule: dict, path: str) -> None:
-        expr = rule.get("rule", "")
-        where = path + rule.get("fieldPath", "") if rule.get("fieldPath", "").startswith(".") else path
-        if re.search(r"\boldSelf\b", expr) and not rule.get("optionalOldSelf"):
-            return  # a transition rule: the server only runs it on update, and this is a create
-        try:
-            ok = evaluate_cel(expr, value)
-        except UnsupportedCel as e:
-            return self.add(where, f"unsupported CEL rule {expr!r} ({e}); check it by hand or extend rayjobs.crd_schema")
-        except CelError as e:
-            return self.add(where, f"CEL rule {expr!r} could not be evaluated: {e}")
-        if not ok:
-            self.add(where, rule.get("message") or f"failed rule: {expr}", cel=True)
+def _message(e: ValidationError) -> str:
+    kw, v, want = e.validator, e.instance, e.validator_value
+    if kw == "type":
+        if e.schema.get("x-kubernetes-int-or-string"):
+            return f"must be an integer or a string, got {_type_of(v)} {v!r}"
+        typ = want if isinstance(want, str) else want[0]
+        quote = f' (quote it in YAML: "{v}")' if typ == "string" and isinstance(v, (bool, int, float)) else ""
+        return f"must be of type {typ}, got {_type_of(v)} {v!r}{quote}"
+    if kw == "enum":
+        return f"Unsupported value: {v!r}: supported values: {', '.join(map(repr, want))}"
+    if kw in ("minimum", "maximum"):
+        return f"Invalid value: {v}: should be {'greater' if kw == 'minimum' else 'less'} than or equal to {want}"
+    if kw == "pattern":
+        return f"Invalid value: {v!r}: {_PATTERN_NAMES.get(want, f'should match {want!r}')}"
+    if kw == "format" and want in _INT_RANGES:
+        return f"{v} is out of the {want} range [{_INT_RANGES[want][0]}, {_INT_RANGES[want][1]}]"
+    if kw == "format":
+        return f"Invalid value: {v!r}: should be an RFC 3339 date-time"
+    if kw in _BOUNDS:
+        return f"should have {_BOUNDS[kw][0]} {want} {_BOUNDS[kw][1]}, has {len(v)}"
+    return e.message  # the Kubernetes keywords above wrote their own; anything else in jsonschema's words
 
 
-# --- the CEL subset -------------------------------------------------------------------------------------
-class UnsupportedCel(ValueError):
-    """The rule uses CEL outside the subset rayline evaluates."""
-
-
-class CelError(ValueError):
-    """The rule is in the subset but failed at run time (e.g. a missing field read without has())."""
-
-
-_CEL_TOKEN = re.compile(r"\s*(?:(&&|\|\||==|!=|[!()\[\],.])|('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")|(\d+)|([A-Za-z_]\w*))")
-
-
-@functools.lru_cache(maxsize=256)
-def _parse_cel(expr: str) -> tuple:
-    """Parse `expr` into a tuple AST; raises UnsupportedCel for anything outside the subset."""
-    tokens, pos = [], 0
-    while pos < len(expr.rstrip()):
-        m = _CEL_TOKEN.match(expr, pos)
-        if not m:
-            raise UnsupportedCel(f"unexpected text at {expr[pos:pos + 12]!r}")
-        op, string, num, ident = m.groups()
-        if op:
-            tokens.append(("op", op))
-        elif string:
-            tokens.append(("lit", ast.literal_eval(string)))
+def _problems(errors: Iterator[ValidationError], base: str) -> list[Problem]:
+    """One Problem per field a jsonschema error names: an unknown field or a missing required one each get their own."""
+    out: list[Problem] = []
+    for e in errors:
+        path = base
+        for key in e.absolute_path:
+            path = child_path(path, key if isinstance(key, int) else str(key))
+        if e.validator == "additionalProperties":
+            known = e.schema.get("properties", {})
+            out += [Problem(child_path(path, str(k)), _unknown_field(k, known), LAYER) for k in e.instance if k not in known]
+        elif e.validator == "required":
+            out += [Problem(child_path(path, k), "Required value", LAYER) for k in e.validator_value if k not in e.instance]
         else:
-            tokens.append(("lit", int(num)) if num else ("id", ident))
-        pos = m.end()
-    toks = tokens + [("end", None)]
-    i = 0
-
-    def peek(*ops: str) -> bool:
-        return toks[i][0] in ("op", "id") and toks[i][1] in ops
-
-    def take(*ops: str) -> str:
-        nonlocal i
-        if not peek(*ops):
-            raise UnsupportedCel(f"expected {' or '.join(ops)}, found {toks[i][1]!r}")
-        i += 1
-        return toks[i - 1][1]
-
-    def binary(next_fn, *ops: str):
-        node = next_fn()
-        while peek(*ops):
-            node = (take(*ops), node, next_fn())
-        return node
-
-    def relation() -> tuple:
-        node = unary()
-        return (take("==", "!=", "in"), node, unary()) if peek("==", "!=", "in") else node
-
-    def unary() -> tuple:
-        if peek("!"):
-            take("!")
-            return ("!", unary())
-        return primary()
-
-    def primary() -> tuple:
-        nonlocal i
-        kind, val = toks[i]
-        if peek("("):
-            take("(")
-            node = binary(lambda: binary(relation, "&&"), "||")
-            take(")")
-            return node
-        if peek("["):
-            take("[")
-            items = [] if peek("]") else [binary(lambda: binary(relation, "&&"), "||")]
-            while peek(","):
-                take(",")
-                items.append(binary(lambda: binary(relation, "&&"), "||"))
-            take("]")
-            return ("list", items)
-        if kind == "lit" or (kind == "id" and val in ("true", "false", "null")):
-            i += 1
-            return ("lit", {"true": True, "false": False, "null": None}.get(val, val) if kind == "id" else val)
-        if kind == "id" and val == "has":
-            take("has")
-            take("(")
-            node = member()
-            take(")")
-            if node[0] != "field":
-                raise UnsupportedCel("has() needs a field selection like has(self.x)")
-            return ("has", node)
-        return member()
-
-    def member() -> tuple:
-        nonlocal i
-        if toks[i] != ("id", "self"):
-            raise UnsupportedCel(f"only `self` is supported as a variable, found {toks[i][1]!r}")
-        i += 1
-        node: tuple = ("self",)
-        while peek("."):
-            take(".")
-            if toks[i][0] != "id":
-                raise UnsupportedCel("expected a field name after '.'")
-            i += 1
-            node = ("field", node, toks[i - 1][1])
-        if peek("("):
-            raise UnsupportedCel("function and method calls other than has() are not supported")
-        return node
-
-    tree = binary(lambda: binary(relation, "&&"), "||")
-    if toks[i][0] != "end":
-        raise UnsupportedCel(f"unexpected {toks[i][1]!r}")
-    return tree
+            out.append(Problem(path, _message(e), LAYER))
+    return list(dict.fromkeys(out))
 
 
-def _cel_eq(a: Any, b: Any) -> bool:
-    return isinstance(a, bool) == isinstance(b, bool) and a == b  # CEL never equates true with 1
+# --- ObjectMeta and the entry points --------------------------------------------------------------------
+_STRING, _STRING_MAP = {"type": "string"}, {"type": "object", "additionalProperties": {"type": "string"}}
+_OBJECT_META = _Structural({"type": "object", "additionalProperties": False, "properties": {
+    "name": _STRING, "generateName": _STRING, "namespace": _STRING, "labels": _STRING_MAP, "annotations": _STRING_MAP,
+    "finalizers": {"type": "array", "items": _STRING}, "ownerReferences": {"type": "array"}, "uid": _STRING,
+    "resourceVersion": _STRING, "generation": {"type": "integer"}, "creationTimestamp": _STRING,
+    "deletionTimestamp": _STRING, "deletionGracePeriodSeconds": {"type": "integer"}, "managedFields": {"type": "array"},
+    "selfLink": _STRING}})
 
 
-def _cel_eval(node: tuple, self_value: Any) -> Any:
-    op = node[0]
-    if op == "self":
-        return self_value
-    if op == "lit":
-        return node[1]
-    if op == "list":
-        return [_cel_eval(n, self_value) for n in node[1]]
-    if op == "field":
-        obj = _cel_eval(node[1], self_value)
-        if not isinstance(obj, dict) or node[2] not in obj:
-            raise CelError(f"no such key: {node[2]}")
-        return obj[node[2]]
-    if op == "has":
-        obj = _cel_eval(node[1][1], self_value)
-        if not isinstance(obj, dict):
-            raise CelError("has() on a value that is not an object")
-        return node[1][2] in obj
-    if op == "!":
-        v = _cel_eval(node[1], self_value)
-        if not isinstance(v, bool):
-            raise CelError("! needs a bool")
-        return not v
-    if op in ("&&", "||"):
-        # CEL's logical operators are commutative over errors: `error || true` is true.
-        results = []
-        for side in node[1:]:
-            try:
-                results.append(_cel_eval(side, self_value))
-            except CelError as e:
-                results.append(e)
-        short = op == "||"
-        if any(r is short for r in results):
-            return short
-        for r in results:
-            if not isinstance(r, bool):
-                raise r if isinstance(r, CelError) else CelError(f"{op} needs bools")
-        return not short
-    left, right = _cel_eval(node[1], self_value), _cel_eval(node[2], self_value)
-    if op == "in":
-        if isinstance(right, dict):
-            return left in right
-        if not isinstance(right, list):
-            raise CelError("`in` needs a list or map on the right")
-        return any(_cel_eq(left, r) for r in right)
-    return _cel_eq(left, right) == (op == "==")
-
-
-def evaluate_cel(expr: str, self_value: Any) -> bool:
-    """Evaluate a CRD validation rule on `self_value`.
-
-    Supported: `self` and field selection (`self.a.b`), `has(self.a)`, `!`, `&&`, `||`, `==`, `!=`, `in`,
-    parentheses, string/int/bool/null literals and list literals. Anything else raises UnsupportedCel;
-    run-time failures (reading a missing field) raise CelError.
-    """
-    result = _cel_eval(_parse_cel(expr), self_value)
-    if not isinstance(result, bool):
-        raise CelError(f"rule evaluated to {result!r}, not a bool")
-    return result
-
-
-# --- ObjectMeta and the entry point ---------------------------------------------------------------------
-_OBJECT_META = {
-    "name": str, "generateName": str, "namespace": str, "labels": dict, "annotations": dict, "finalizers": list,
-    "ownerReferences": list, "uid": str, "resourceVersion": str, "generation": int, "creationTimestamp": (str, datetime.date),
-    "deletionTimestamp": (str, datetime.date), "deletionGracePeriodSeconds": int, "managedFields": list, "selfLink": str,
-}
-
-
-def _check_object_meta(meta: Any, w: _Walker) -> None:
+def _check_object_meta(meta: Any) -> list[Problem]:
+    if isinstance(meta, dict):
+        meta = {k: v for k, v in meta.items() if v is not None}  # the server prunes nulls
+    problems = _problems(_OBJECT_META.iter_errors(meta), "metadata")
     if not isinstance(meta, dict):
-        return w.add("metadata", f"must be of type object, got {_type_of(meta)}")
-    for key, v in meta.items():
-        path = child_path("metadata", str(key))
-        if key not in _OBJECT_META:
-            near = difflib.get_close_matches(str(key), _OBJECT_META, n=1, cutoff=0.75)
-            w.add(path, f'unknown field "{key}"' + (f' (did you mean "{near[0]}"?)' if near else ""))
-        elif v is not None and (isinstance(v, bool) or not isinstance(v, _OBJECT_META[key])):
-            w.add(path, f"must be of type {getattr(_OBJECT_META[key], '__name__', 'string')}, got {_type_of(v)}")
+        return problems
     name = meta.get("name")
     if not name and not meta.get("generateName"):
-        w.add("metadata.name", "Required value: name or generateName is required")
+        problems.append(Problem("metadata.name", "Required value: name or generateName is required", LAYER))
     if isinstance(name, str) and name:
-        for e in dns1123_subdomain_errors(name):
-            w.add("metadata.name", f"Invalid value: {name!r}: a DNS-1123 subdomain {e}")
-    if isinstance(meta.get("namespace"), str):
-        for e in dns1123_label_errors(meta["namespace"]):
-            w.add("metadata.namespace", f"Invalid value: {meta['namespace']!r}: a DNS-1123 label {e}")
+        problems += [Problem("metadata.name", f"Invalid value: {name!r}: a DNS-1123 subdomain {e}", LAYER)
+                     for e in dns1123_subdomain_errors(name)]
+    namespace = meta.get("namespace")
+    if isinstance(namespace, str):
+        problems += [Problem("metadata.namespace", f"Invalid value: {namespace!r}: a DNS-1123 label {e}", LAYER)
+                     for e in dns1123_label_errors(namespace)]
     for field in ("labels", "annotations"):
-        entries = meta.get(field) if isinstance(meta.get(field), dict) else {}
-        for k, v in entries.items():
+        for k, v in (meta.get(field) if isinstance(meta.get(field), dict) else {}).items():
             path = child_path(f"metadata.{field}", str(k))
-            if not isinstance(v, str):
-                w.add(path, f"{field} values must be strings, got {_type_of(v)} {v!r} (quote it in YAML)")
-            elif field == "labels":
-                for e in label_value_errors(v):
-                    w.add(path, f"Invalid label value {v!r}: {e}")
-            for e in qualified_name_errors(str(k)):
-                w.add(path, f"Invalid {field[:-1]} key {k!r}: {e}")
+            if field == "labels" and isinstance(v, str):
+                problems += [Problem(path, f"Invalid label value {v!r}: {e}", LAYER) for e in label_value_errors(v)]
+            problems += [Problem(path, f"Invalid {field[:-1]} key {k!r}: {e}", LAYER) for e in qualified_name_errors(str(k))]
+    return problems
 
 
 def check_schema(doc: dict, crd_dir: Path | None = None) -> list[Problem]:
     """Layer 1: every way `doc` breaks its CRD's schema, CEL rules included, as a list of Problems."""
-    w = _Walker()
     api_version, kind = doc.get("apiVersion"), doc.get("kind")
     if not isinstance(api_version, str) or not isinstance(kind, str):
-        w.add("apiVersion" if not isinstance(api_version, str) else "kind", "Required value: a string")
-        return w.problems
+        return [Problem("apiVersion" if not isinstance(api_version, str) else "kind", "Required value: a string", LAYER)]
     try:
-        schema = find_version(api_version, kind, crd_dir)["schema"]["openAPIV3Schema"]
+        schema, validator = _compiled(*_locate(api_version, kind, crd_dir))
     except CrdNotFound as e:
         return [Problem("kind", str(e), LAYER)]
-    _check_object_meta(doc.get("metadata"), w)
+    problems = _check_object_meta({} if doc.get("metadata") is None else doc["metadata"])
     body = {k: v for k, v in apply_defaults(doc, schema).items() if k not in ("metadata", "status")}
-    w.check(body, {**schema, "properties": {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}}, "")
-    return w.problems
+    return problems + _problems(validator.iter_errors(body), "")
 
 
 def with_defaults(doc: dict, crd_dir: Path | None = None) -> dict:
