@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", "-c")
     p.add_argument("--profile", default=None, help="cluster profile YAML (default configs/k8s/default.yaml)")
     p.add_argument("--image", default=None, help="container image (its tag must carry the pinned Ray version)")
-    p.add_argument("--crd-dir", default=None, help="KubeRay CRDs to validate against (default ../shared/kuberay-crds/v1.7.0)")
+    p.add_argument("--crd-dir", default=None, help="KubeRay CRDs to validate against (default: v1.7.0, shipped in rayjobs/crds/v1.7.0)")
     p.add_argument("-o", "--out", default=None, help="write here (default: print)")
     p.add_argument("--shipped", action="store_true", help="re-render rayjobs/*.yaml from the shipped configs")
     p.add_argument("overrides", nargs="*", help="stage config key=value overrides")

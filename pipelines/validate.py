@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, validate, print one line per validated document or per problem; return the exit status."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.validate", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path, help="manifest YAML files (multi-document and kind: List work)")
-    parser.add_argument("--crd-dir", type=Path, default=None, help="directory of CRD YAMLs (default: KubeRay v1.7.0 in ../shared)")
+    parser.add_argument("--crd-dir", type=Path, default=None, help="directory of CRD YAMLs, e.g. `kubectl get crd ... -o yaml` output (default: rayjobs/crds/v1.7.0)")
     parser.add_argument("--project-root", type=Path, default=None, help="where entrypoint modules and Serve import paths must be importable from")
     parser.add_argument("--feature-gate", type=_gate, action="append", default=[], metavar="NAME=BOOL",
                         help="KubeRay operator feature gate that differs from v1.7.0's defaults (repeatable)")

@@ -71,7 +71,7 @@ def validate_manifest(doc: dict, crd_dir: Path | None = None, project_root: Path
                       feature_gates: dict[str, bool] | None = None) -> list[Problem]:
     """Every problem in one manifest, all four layers.
 
-    crd_dir: directory of CRD YAMLs (default: the KubeRay v1.7.0 CRDs in ../shared/kuberay-crds/v1.7.0).
+    crd_dir: directory of CRD YAMLs (default: the KubeRay v1.7.0 CRDs shipped in rayjobs/crds/v1.7.0).
     project_root: where `python -m MODULE` entrypoints and Serve import paths must be importable from
     (default: this repository). feature_gates: KubeRay operator gates that differ from v1.7.0's defaults.
     """
