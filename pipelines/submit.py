@@ -2,9 +2,11 @@
 
     python -m pipelines.submit --stage data --config configs/data/sample.yaml [--address URL] [key=value ...]
 
-Same entrypoint and runtime env as the stage's RayJob (rayjobs/stages.py); the project root is the
-working_dir. The config is validated locally first, so a bad field fails before anything is uploaded.
-Logs stream to stdout; the exit code is 0 only when the job SUCCEEDED. The raw equivalent:
+Same entrypoint and runtime env as the stage's RayJob (rayjobs/stages.py); the working_dir is a snapshot of
+the project's code and configs (pipelines/job_package.py), never logs or data left in the
+checkout. The config is validated locally first, so a bad field fails before anything is uploaded.
+Logs stream to stdout; the exit code is 0 only when the job SUCCEEDED; a job still running
+after `--timeout` seconds (default 3600) is stopped. The raw equivalent:
 
     ray job submit --working-dir . -- python -m pipelines.prepare_data --config configs/data/sample.yaml
 """
@@ -14,11 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
 
 from pipelines.config import ConfigError, load_config
+from pipelines.job_package import PackageError, build_job_package
 from rayjobs import stages
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -45,11 +49,26 @@ async def _tail(client, job_id: str, out) -> None:
         out.flush()
 
 
+def _follow_logs(client, job_id: str, out, seconds: float) -> None:
+    """Stream the job's logs to `out` until it ends or `seconds` pass, whichever comes first."""
+
+    async def follow() -> None:
+        try:
+            await asyncio.wait_for(_tail(client, job_id, out), timeout=max(seconds, 0.0))
+        except asyncio.TimeoutError:
+            pass  # the caller finds the job still running and stops it
+
+    asyncio.run(follow())
+
+
 def submit_stage(
     stage: str, config: str, overrides: list[str] | None = None, address: str | None = None,
     wait: bool = True, stream=None, timeout_s: float = 3600, submission_id: str | None = None,
 ) -> SubmitResult:
-    """Validate the config, submit the stage as a Ray job, optionally stream its logs until it ends."""
+    """Validate the config, submit the stage as a Ray job, optionally stream its logs until it ends.
+
+    A job still running `timeout_s` after submission is stopped and TimeoutError raised (logs streaming or not).
+    """
     from ray.job_submission import JobSubmissionClient
 
     st = stages.get_stage(stage)
@@ -61,21 +80,29 @@ def submit_stage(
 
     reload_auth_config()  # this process may have read Ray's config before the stack's env was set
     client = JobSubmissionClient(dashboard_address(address))
-    job_id = client.submit_job(
-        entrypoint=stages.entrypoint(st, config, overrides),
-        runtime_env=stages.job_runtime_env(str(stages.PROJECT_ROOT), stages.forwarded_env()),
-        submission_id=submission_id,
-        metadata={"rayline.stage": stage},
-    )
+    package = build_job_package(stages.PROJECT_ROOT)  # a snapshot: files the user writes meanwhile stay out
+    try:
+        job_id = client.submit_job(
+            entrypoint=stages.entrypoint(st, config, overrides),
+            runtime_env=stages.job_runtime_env(str(package), stages.forwarded_env()),
+            submission_id=submission_id,
+            metadata={"rayline.stage": stage},
+        )
+    finally:
+        shutil.rmtree(package, ignore_errors=True)  # uploaded to the GCS by now (or never will be)
     start = time.time()
     if not wait:
         return SubmitResult(job_id, str(client.get_job_status(job_id)), 0.0, "")
+    deadline = start + timeout_s
     if stream is not None:
-        asyncio.run(_tail(client, job_id, stream))
+        # The log stream only ends with the job, so the timeout bounds it too.
+        _follow_logs(client, job_id, stream, deadline - time.time())
     while (status := str(client.get_job_status(job_id).value)) not in TERMINAL:
-        if time.time() - start > timeout_s:
+        if time.time() > deadline:
             client.stop_job(job_id)
-            raise TimeoutError(f"job {job_id} ({stage}) still {status} after {timeout_s:.0f}s; stopped it")
+            raise TimeoutError(f"job {job_id} ({stage}) still {status} after the {timeout_s:g}s timeout "
+                               f"(timeout_s); stopped it. Raise the timeout, or follow the job with "
+                               f"`ray job logs -f {job_id}`")
         time.sleep(1)
     return SubmitResult(job_id, status, time.time() - start, client.get_job_logs(job_id))
 
@@ -86,14 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", "-c", required=True)
     p.add_argument("--address", default=None, help="Ray dashboard URL (default $RAY_ADDRESS)")
     p.add_argument("--no-wait", action="store_true", help="submit and return the job id")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds to wait before stopping the job")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     try:
         result = submit_stage(args.stage, args.config, args.overrides, args.address, wait=not args.no_wait,
-                              stream=sys.stdout)
-    except (ConfigError, ValueError) as e:
+                              stream=sys.stdout, timeout_s=args.timeout)
+    except (ConfigError, ValueError, PackageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except TimeoutError as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return 1
     print(f"\njob {result.job_id}: {result.status} ({result.seconds:.0f}s)")
     return 0 if result.status in ("SUCCEEDED", "PENDING", "RUNNING") else 1
 

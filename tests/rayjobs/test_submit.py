@@ -3,14 +3,16 @@
 import io
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pipelines.config import ConfigError
-from pipelines.submit import submit_stage
+from pipelines.submit import dashboard_address, submit_stage
 from rayjobs import stages
 
 ROOT = stages.PROJECT_ROOT
@@ -31,9 +33,35 @@ def test_submit_runs_data_prep_through_jobs_api(local_stack, sample_corpus_dir, 
     result = submit_stage("data", str(ROOT / "configs/data/sample.yaml"),
                           _data_overrides(sample_corpus_dir, tiny_model_dir, out), stream=logs, timeout_s=900)
     assert result.status == "SUCCEEDED", result.logs[-3000:]
-    assert result.job_id in logs.getvalue() or "prepare" in logs.getvalue().lower()
-    (manifest,) = _manifests(out)
+    (path,) = out.glob("*/manifest.json")
+    manifest = json.loads(path.read_text())
     assert manifest["counts"]["rejected"] > 0 and manifest["splits"]["train"]["rows"] > 0
+    # The stream carried the job's own output, to its last line: the summary table and the manifest written.
+    streamed = logs.getvalue()
+    rejected = f"{'rejected':>16}  {manifest['counts']['rejected']:,}"
+    assert rejected in streamed and f"manifest: {path}" in streamed, streamed[-3000:]
+    assert f"manifest: {path}" in result.logs
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["streaming-logs", "polling"])
+def test_a_job_that_outlives_its_timeout_is_stopped(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path,
+                                                     streamed):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    out = tmp_path / "prepared-late"
+    logs = io.StringIO() if streamed else None
+    # Data prep takes far longer than 2 s (the job's runtime env alone); submit_stage must not wait for it.
+    with pytest.raises(TimeoutError, match=r"job (\S+) \(data\) still (PENDING|RUNNING) after the 2s timeout "
+                                           r"\(timeout_s\); stopped it") as raised:
+        submit_stage("data", str(ROOT / "configs/data/sample.yaml"),
+                     _data_overrides(sample_corpus_dir, tiny_model_dir, out), stream=logs, timeout_s=2)
+    job_id = re.search(r"job (\S+) \(data\)", str(raised.value)).group(1)
+    client = JobSubmissionClient(dashboard_address(None))
+    deadline = time.time() + 120
+    while (status := client.get_job_status(job_id)) != JobStatus.STOPPED and time.time() < deadline:
+        time.sleep(1)
+    assert status == JobStatus.STOPPED, client.get_job_logs(job_id)[-3000:]
+    assert _manifests(out) == []
 
 
 def test_raw_ray_job_submit_from_readme(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path):
