@@ -27,7 +27,8 @@ def _manifests(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in out.glob("*/manifest.json")]
 
 
-def test_submit_runs_data_prep_through_jobs_api(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path):
+def test_submit_runs_data_prep_through_jobs_api(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path,
+                                                log_growing_in_checkout):
     out = tmp_path / "prepared"
     logs = io.StringIO()
     result = submit_stage("data", str(ROOT / "configs/data/sample.yaml"),
@@ -64,7 +65,8 @@ def test_a_job_that_outlives_its_timeout_is_stopped(local_stack, sample_corpus_d
     assert _manifests(out) == []
 
 
-def test_raw_ray_job_submit_from_readme(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path):
+def test_raw_ray_job_submit_from_readme(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path, log_growing_in_checkout):
+    """`ray job submit --working-dir .` with a log growing in the root: .rayignore leaves it behind."""
     out = tmp_path / "prepared-raw"
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
     cmd = [ray, "job", "submit", "--working-dir", ".", "--", "python", "-m", "pipelines.prepare_data",
