@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -112,6 +113,35 @@ def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
     return complete[-1] if complete else None
 
 
+def newest_trainer_state(run_uri: str) -> tuple[str, TrainerState] | None:
+    """The newest `checkpoint_step*` directory under `run_uri` (local or s3://) holding a trainer state, and that state."""
+    from pipelines import storage
+
+    names = sorted({rel.split("/", 1)[0] for rel in storage.list_files(run_uri)
+                    if rel.startswith(CHECKPOINT_PREFIX) and rel.endswith("/" + TRAINER_STATE)})
+    if not names:
+        return None
+    uri = storage.join(run_uri, names[-1])
+    return uri, TrainerState.from_json(storage.read_text(storage.join(uri, TRAINER_STATE)))
+
+
+class WorldSizeMismatch(ValueError):
+    """A checkpoint written by one number of workers cannot be resumed by another."""
+
+
+def check_world_size(state: TrainerState, world_size: int, where: str) -> None:
+    """Refuse to resume `state` (from the checkpoint at `where`) with a different number of workers.
+
+    DCP could reshard the model and optimizer, but the data position (micro-batches into the epoch) and
+    the RNG states are per worker: with another worker count the resumed run would neither skip the rows
+    it already trained on nor draw the same random numbers.
+    """
+    if state.world_size != world_size:
+        raise WorldSizeMismatch(
+            f"{where}: this checkpoint was written by {state.world_size} workers but the run now has "
+            f"{world_size}; resume it with scaling.num_workers={state.world_size}, or start a new run_name")
+
+
 def read_trainer_state(directory: str | Path) -> TrainerState:
     path = Path(directory) / TRAINER_STATE
     if not path.exists():
@@ -121,9 +151,12 @@ def read_trainer_state(directory: str | Path) -> TrainerState:
 
 def load_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler, rank: int) -> TrainerState:
-    """Collective: restore model, optimizer, scheduler and this rank's RNG state; returns the trainer state."""
+    """Collective: restore model, optimizer, scheduler and this rank's RNG state; returns the trainer state.
+
+    Raises WorldSizeMismatch when the checkpoint was written by another number of ranks."""
     directory = Path(directory)
     state = read_trainer_state(directory)
+    check_world_size(state, dist.get_world_size() if dist.is_initialized() else 1, str(directory))
     # get_state_dict gives the sharded layout (and initialises empty optimizer state) for DCP to fill in place.
     model_sd, optim_sd = get_state_dict(model, optimizer)
     to_load = {"model": model_sd, "optim": optim_sd}

@@ -2,7 +2,8 @@
 
 `plan_run(cfg)` runs on the driver before any training worker starts. It raises `ConfigError` naming
 the config field at fault (a missing dataset, a batch larger than the data, a model that does not
-exist, workers that cannot fit) and otherwise returns the `RunPlan` the workers run by.
+exist, workers that cannot fit, a resume with another worker count than the checkpoints were written
+by) and otherwise returns the `RunPlan` the workers run by.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from data.prepared import load_manifest
 from pipelines import registry, storage
 from pipelines.config import ConfigError
 from train.capacity import runs_that_fit
+from train.checkpoint import WorldSizeMismatch, check_world_size, newest_trainer_state
 from train.config import TrainConfig
 from train.loop import LoopPlan
 
@@ -145,6 +147,12 @@ def plan_run(cfg: TrainConfig, cluster: dict[str, float]) -> RunPlan:
         seq_len=seq_len,
     )
     run_uri = storage.join(_absolute(cfg.checkpoint.storage_path), cfg.run_name)
+    saved = newest_trainer_state(run_uri)
+    if saved is not None:
+        try:
+            check_world_size(saved[1], n, saved[0])
+        except WorldSizeMismatch as e:
+            raise ConfigError(f"scaling.num_workers: run {cfg.run_name} resumes from {e}") from None
     return RunPlan(
         manifest_uri=manifest_uri, dataset_version=str(manifest.get("version", "unknown")), seq_len=seq_len,
         train_rows=train_rows, eval_rows=eval_rows, model_uri=model_uri, resources_per_worker=resources,

@@ -1,11 +1,22 @@
-"""Which checkpoint a restarted run resumes from when Ray Train had not registered the newest one."""
+"""Which checkpoint a restarted run resumes from, and which worker count may resume it."""
 
 from __future__ import annotations
 
 import uuid
 from pathlib import Path
 
-from train.checkpoint import checkpoint_files, latest_complete_checkpoint
+import pytest
+import torch
+
+from train.checkpoint import (
+    TrainerState,
+    WorldSizeMismatch,
+    checkpoint_files,
+    latest_complete_checkpoint,
+    load_checkpoint,
+    newest_trainer_state,
+    save_checkpoint,
+)
 
 
 def write_checkpoint(run: Path, step: int, files: set[str]) -> None:
@@ -43,3 +54,27 @@ def test_listing_works_on_s3(s3_bucket):
         out.write(b"x")
     assert latest_complete_checkpoint(run, 2) == "checkpoint_step000004"
     assert isinstance(fs, pafs.S3FileSystem)
+
+
+def test_a_checkpoint_resumes_only_with_the_worker_count_that_wrote_it(tmp_path):
+    """The data position and RNG states are per worker: a 2-worker checkpoint is refused by 1 worker."""
+    run = tmp_path / "run"
+    assert newest_trainer_state(str(run)) is None
+
+    def fresh():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.AdamW(model.parameters())
+        return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    model, optimizer, _ = fresh()
+    save_checkpoint(run / "checkpoint_step000003", model, optimizer, TrainerState(step=3, world_size=2), rank=0)
+    save_checkpoint(run / "checkpoint_step000006", model, optimizer, TrainerState(step=6, world_size=1), rank=0)
+    write_checkpoint(run, 9, {".metadata"})  # taken, but its trainer state never landed
+    uri, state = newest_trainer_state(str(run))
+    assert (uri, state.step, state.world_size) == (str(run / "checkpoint_step000006"), 6, 1)
+
+    assert load_checkpoint(run / "checkpoint_step000006", *fresh(), rank=0).step == 6  # one process, one worker
+    with pytest.raises(WorldSizeMismatch, match=r"checkpoint_step000003: this checkpoint was written by 2 workers "
+                                                r"but the run now has 1; resume it with scaling\.num_workers=2"):
+        load_checkpoint(run / "checkpoint_step000003", *fresh(), rank=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,23 @@ def test_plan_of_the_test_config(make_train_config):
 def test_bad_config_is_named(make_train_config, override, message):
     with pytest.raises(ConfigError, match=message):
         plan_run(make_train_config(*override.split()), {"CPU": 64.0})
+
+
+def test_resume_with_another_worker_count_is_refused(make_train_config, tmp_path):
+    from dataclasses import asdict
+
+    from train.checkpoint import TrainerState
+
+    ckpt = tmp_path / "resumed" / "checkpoint_step000003"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps(asdict(TrainerState(step=3, world_size=2))))
+    assert plan_run(make_train_config(storage=str(tmp_path), run_name="resumed"), {"CPU": 2.0}).total_steps == 12
+    one = make_train_config("scaling.num_workers=1", storage=str(tmp_path), run_name="resumed")
+    with pytest.raises(ConfigError) as refused:
+        plan_run(one, {"CPU": 2.0})
+    assert str(refused.value) == (f"scaling.num_workers: run resumed resumes from {ckpt}: this checkpoint was written "
+                                  "by 2 workers but the run now has 1; resume it with scaling.num_workers=2, or start "
+                                  "a new run_name")
 
 
 def test_cli_fails_before_any_worker_starts(make_train_config, run_stage):
