@@ -101,7 +101,8 @@ def render_to_file(stage: str, config: str, out: str | Path, profile: Profile,
     problems = validate_manifest(doc, crd_dir=crd_dir, project_root=stages.PROJECT_ROOT)
     if not problems:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(f"# Rendered by `python -m pipelines.render --stage {stage} --config {config}`; "
+        shown = stages.relative_config(config)  # as the job sees it; never this machine's checkout path
+        Path(out).write_text(f"# Rendered by `python -m pipelines.render --stage {stage} --config {shown}`; "
                              "do not edit by hand.\n" + yaml.safe_dump(doc, sort_keys=False))
     return problems
 
