@@ -79,6 +79,10 @@ class StackConfig:
 # Ray swaps a 127.0.0.1 node address for the machine's public IP, so its GCS and raylet would listen
 # on every interface; this switch (meant for laptops) keeps the node, and every server, on loopback.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# MLflow delivers webhooks only to public https URLs by default (SSRF protection) and caches the webhook list
+# for 60 s; the local stack's receiver is `pipelines.rollout --watch` on loopback (serve/webhook.py).
+MLFLOW_WEBHOOK_ENV = {"MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+                      "MLFLOW_WEBHOOK_CACHE_TTL": "1"}
 
 
 def _python() -> str:
@@ -161,7 +165,7 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
     specs = {
         "ray": [("ray-head", ray_argv, ray_env)],
         # Job execution spawns a worker pool that costs ~1 GB; rayline does not use it.
-        "mlflow": [("mlflow", mlflow_argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})],
+        "mlflow": [("mlflow", mlflow_argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **MLFLOW_WEBHOOK_ENV})],
     }
     if cfg.s3:
         specs["s3"] = [(n, a, {}) for n, a in objectstore.prepare(st, cfg.s3_port, cfg.memcached_port)]

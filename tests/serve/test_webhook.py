@@ -1,8 +1,14 @@
-"""The MLflow webhook receiver and the watch loop it wakes, played against MLflow's own payload and signature."""
+"""The MLflow webhook receiver and the watch loop it wakes.
+
+The receiver's filtering and signature checks are played with MLflow's payload and signature (and calls MLflow
+would never make); the watch loop is woken by the test stack's MLflow server itself, driving a real rollout.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import socket
 import threading
 import time
@@ -10,14 +16,20 @@ import urllib.error
 import urllib.request
 
 import pytest
+import yaml
 
+from pipelines import registry
 from pipelines.config import from_dict
-from serve.rollout import DEPLOYED, Rollout, RolloutResult
+from serve import rollout_record as rec
+from serve.deploy_target import LocalServe
+from serve.rollout import REJECTED, Rollout
 from serve.rollout_config import Config as RolloutConfig
-from serve.serve_config import Config as ServeConfig
 from serve.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookReceiver, sign, signature_problem
+from tests.serve.serving import register_fresh, serve_config_dict
 
 SECRET = "s3cret"
+MODEL, APP = "rayline-webhook-test", "rayline-test-webhook"
+POLL_S = 60
 
 
 def free_port() -> int:
@@ -86,40 +98,50 @@ def test_unsigned_or_forged_calls_are_refused(receiver):
     assert receiver.calls == []
 
 
-class RecordingRollout(Rollout):
-    """The watch loop's wiring with the rollout itself replaced: records what triggered each attempt."""
-
-    def __init__(self, cfg):
-        serve_cfg = from_dict(ServeConfig, {"engine": {"model": "models:/rayline-tiny@champion"}})
-        super().__init__(cfg, serve_cfg, target=object())
-        self.triggers: list[str] = []
-
-    def once(self, triggered_by=None):
-        self.triggers.append(triggered_by)
-        return RolloutResult(DEPLOYED, self.name, version=str(len(self.triggers)))
-
-
-def test_watch_reacts_to_a_webhook_call_without_waiting_for_the_poll(monkeypatch):
+@pytest.mark.slow  # the test stack's MLflow server and Ray dashboard, no engine
+def test_an_alias_set_in_mlflow_wakes_the_watching_rollout_at_once(local_stack, tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """`pipelines.rollout --watch` as a user runs it: the rollout registers its webhook in MLflow, MLflow calls it
+    (signed) when the alias is set, and the rollout runs at once, not at the next poll. The version is below
+    the eval gate, so the real rollout refuses it before any engine would start."""
     monkeypatch.setenv("RAYLINE_WEBHOOK_SECRET", SECRET)
-    port = free_port()
-    cfg = RolloutConfig(poll_interval_s=600, max_rollouts=2, webhook_port=port)
-    rollout = RecordingRollout(cfg)
+    (version,) = register_fresh(MODEL, [(str(tiny_model_dir), {"eval.exact_match": "0.1"})])
+    serve_yaml = tmp_path / "serve.yaml"
+    serve_yaml.write_text(yaml.safe_dump(serve_config_dict(APP, "/webhook-test", MODEL)))
+    cfg = from_dict(RolloutConfig, {
+        "model": MODEL, "serve_config": str(serve_yaml), "gate": {"min_metrics": {"eval.exact_match": 0.5}},
+        "watch": True, "poll_interval_s": POLL_S, "max_rollouts": 1, "webhook_port": free_port(), "register_webhook": True})
+    rollout = Rollout(cfg)  # the local target: the test stack's dashboard (RAY_ADDRESS)
+    caplog.set_level(logging.INFO, logger="rayline.rollout")
     done: list = []
     thread = threading.Thread(target=lambda: done.append(rollout.watch()), daemon=True)
-    start = time.time()
     thread.start()
-    while len(rollout.triggers) < 1:
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}/mlflow-webhook"
-    deadline = time.time() + 10
-    while time.time() < deadline:  # the receiver may still be binding
-        try:
-            assert mlflow_delivery(url, alias_event(version="9"), delivery="abc")[1]["accepted"]
-            break
-        except urllib.error.URLError:
-            time.sleep(0.1)
-    thread.join(timeout=30)
-    assert time.time() - start < 30  # not the 600 s poll interval
-    assert rollout.triggers[0] == "watch:start"
-    assert rollout.triggers[1].startswith("webhook:abc") and "-> 9" in rollout.triggers[1]
-    assert [r.status for r in done[0]] == [DEPLOYED, DEPLOYED]
+    try:
+        # Its first look finds no alias yet (skipped, not an attempt); then it waits for the poll or a webhook call.
+        wait_until(lambda: any(r.getMessage().startswith(f"rollout skipped: {MODEL}") for r in caplog.records))
+        (hook,) = [h for h in registry.client().list_webhooks() if h.name == f"rayline-rollout-{MODEL}"]
+        assert hook.url == f"http://127.0.0.1:{cfg.webhook_port}/mlflow-webhook" and hook.events[0].action.value == "created"
+        set_at = time.time()
+        registry.set_alias(MODEL, "champion", version)
+        thread.join(timeout=POLL_S + 30)
+        woke_after = time.time() - set_at
+    finally:
+        for h in registry.client().list_webhooks():
+            if h.name == f"rayline-rollout-{MODEL}":
+                registry.client().delete_webhook(h.webhook_id)
+    ((result,),) = done
+    assert woke_after < POLL_S / 2, (f"{woke_after:.1f}s: the poll, not MLflow's webhook call, ran the rollout (an MLflow "
+                                     "server started without pipelines/stack.py's MLFLOW_WEBHOOK_ENV does not call loopback)")
+    assert result.status == REJECTED and result.version == version, result.line()
+    assert "eval.exact_match=0.1 < 0.5" in result.reason and "no earlier version" in result.reason
+    tags = registry.client().get_model_version(MODEL, version).tags
+    trigger = tags[rec.TAG_TRIGGERED_BY]
+    assert re.fullmatch(rf"webhook:[0-9a-f-]{{36}} \({MODEL}@champion -> {version}\)", trigger), trigger  # MLflow's delivery id
+    assert tags[rec.TAG_STATUS] == "rejected" and registry.client().get_run(result.run_id).data.tags[rec.TAG_TRIGGERED_BY] == trigger
+    assert LocalServe(APP).current() is None  # refused before anything was deployed
+
+
+def wait_until(cond, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while not cond():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.1)
