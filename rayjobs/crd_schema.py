@@ -32,6 +32,8 @@ import jsonschema
 import yaml
 from jsonschema.exceptions import ValidationError
 
+from rayjobs.k8s_names import dns1123_label_errors, dns1123_subdomain_errors, label_value_errors, qualified_name_errors
+
 LAYER = "crd-schema"
 DEFAULT_CRD_DIR = Path(__file__).resolve().parent / "crds" / "v1.7.0"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader parses the 1 MB CRDs ~10x faster
@@ -60,49 +62,6 @@ def child_path(base: str, key: str | int) -> str:
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key):
         return f"{base}.{key}" if base else key
     return f"{base}[{key}]"
-
-
-# --- Kubernetes name rules (k8s.io/apimachinery/pkg/util/validation) -------------------------------------
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-
-
-def dns1123_label_errors(value: str) -> list[str]:
-    """Why `value` is not a DNS-1123 label (namespace names, Service names); empty if it is one."""
-    errs = [] if _DNS1123_LABEL.fullmatch(value) else ["must consist of lower case alphanumerics or '-', and start and end with an alphanumeric"]
-    return errs + (["must be no more than 63 characters"] if len(value) > 63 else [])
-
-
-def dns1035_label_errors(value: str) -> list[str]:
-    """Why `value` is not a DNS-1035 label (KubeRay's rule for RayCluster/RayJob/RayService names)."""
-    errs = [] if _DNS1035_LABEL.fullmatch(value) else ["must consist of lower case alphanumerics or '-', start with a letter and end with an alphanumeric"]
-    return errs + (["must be no more than 63 characters"] if len(value) > 63 else [])
-
-
-def dns1123_subdomain_errors(value: str) -> list[str]:
-    """Why `value` is not a DNS-1123 subdomain (custom resource names, label key prefixes)."""
-    ok = all(_DNS1123_LABEL.fullmatch(part) for part in value.split("."))
-    errs = [] if ok else ["must consist of lower case alphanumerics, '-' or '.', and start and end with an alphanumeric"]
-    return errs + (["must be no more than 253 characters"] if len(value) > 253 else [])
-
-
-def qualified_name_errors(value: str) -> list[str]:
-    """Why `value` is not a qualified name (`prefix/name`), the rule for label and annotation keys."""
-    prefix, _, name = value.rpartition("/")
-    errs = [f"prefix {e}" for e in dns1123_subdomain_errors(prefix)] if "/" in value else []
-    if not _QUALIFIED_NAME.fullmatch(name):
-        errs.append("name part must be alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric")
-    if len(name) > 63:
-        errs.append("name part must be no more than 63 characters")
-    return errs
-
-
-def label_value_errors(value: str) -> list[str]:
-    """Why `value` is not a valid label value (empty, or a qualified name part of at most 63 characters)."""
-    if value == "":
-        return []
-    return qualified_name_errors(value) if "/" not in value else ["must not contain '/'"]
 
 
 # --- CRD loading ----------------------------------------------------------------------------------------

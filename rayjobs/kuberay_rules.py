@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 import yaml
 
-from rayjobs.crd_schema import Problem, child_path, dns1035_label_errors, dns1123_label_errors, label_value_errors, qualified_name_errors
+from rayjobs.crd_schema import Problem, child_path
+from rayjobs.k8s_names import dns1035_label_errors, dns1123_label_errors, label_value_errors, qualified_name_errors
 
 LAYER = "kuberay"
 DEFAULT_FEATURE_GATES = {  # pkg/features/features.go, v1.7.0
