@@ -11,7 +11,12 @@ max_num_batched_tokens, stats logging, ... The whole API:
         # "rayline vs vllm server: 1.02x", or, when a MUST_MATCH key differs or was not read back on a side,
         # "rayline vs vllm server: no ratio, set-ups differ: OMP_NUM_THREADS (rayline 1, vllm server 2)"
     process_tree(pid)       # processes, niceness and the thread env of a running process and its children
+    before = thread_times(pid); ...; busy_threads(before, thread_times(pid))   # threads that computed meanwhile
     round_order(["a", "b"], rounds)   # A-B-B-A: every other round runs the sides in reverse order
+
+A process that sets its title (vLLM's EngineCore and API server, every Ray worker) overwrites what /proc shows
+of its environment; process_tree leaves such environments out, and busy_threads is the read-back of how many
+threads really compute.
 """
 
 from __future__ import annotations
@@ -62,17 +67,42 @@ def print_setups(setups: dict[str, dict[str, Any]], title: str = "effective set-
 
 def process_tree(pid: int) -> dict[str, Any]:
     """Read back from a running process and all its descendants: how many there are, their niceness, their
-    names, and THREAD_ENV as their environments hold it (a value all share, else the values as `a/b`)."""
+    names, and THREAD_ENV as their environments hold it (a value all share, else the values as `a/b`). The
+    THREAD_ENV keys are left out when no process's environment can be read (all retitled)."""
     import psutil
 
     root = psutil.Process(pid)
     procs = [root, *root.children(recursive=True)]
     out: dict[str, Any] = {"processes": len(procs), "niceness": _joined(p.nice() for p in procs),
                            "process names": ",".join(p.name() for p in procs)}
-    envs = [_environ(p) for p in procs]
-    for var in THREAD_ENV:
-        out[var] = _joined(e.get(var, "unset") for e in envs if e is not None)
+    envs = [e for e in map(_environ, procs) if e is not None]
+    if envs:
+        out.update({var: _joined(e.get(var, "unset") for e in envs) for var in THREAD_ENV})
     return out
+
+
+def thread_times(pid: int) -> dict[tuple[int, int], float]:
+    """CPU seconds so far of every thread of a process and its descendants, by (pid, thread id)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    out = {}
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            out.update({(proc.pid, t.id): t.user_time + t.system_time for t in proc.threads()})
+        except psutil.Error:
+            continue
+    return out
+
+
+def busy_threads(before: dict[tuple[int, int], float], after: dict[tuple[int, int], float],
+                 of_busiest: float = 1 / 3) -> int:
+    """How many threads computed between two `thread_times` snapshots: those whose CPU time grew by at least
+    `of_busiest` of the busiest thread's. Compute threads (torch/OpenMP, Rust) share the work about evenly,
+    and the rest (I/O, heartbeats, queues) use a small part of it."""
+    grown = [after[k] - before.get(k, 0.0) for k in after]
+    top = max(grown, default=0.0)
+    return sum(1 for g in grown if top > 0 and g >= of_busiest * top)
 
 
 def own_niceness() -> int:
@@ -86,8 +116,10 @@ def round_order(sides: Sequence[str], rounds: int) -> list[list[str]]:
 
 
 def _environ(proc) -> dict[str, str] | None:
+    """The process's environment as /proc shows it; None when it cannot be read, or when it is empty: what a
+    process that set its title (setproctitle) leaves there, having used that memory for the title."""
     try:
-        return proc.environ()
+        return proc.environ() or None
     except Exception:  # a process that has exited, or one we may not read
         return None
 

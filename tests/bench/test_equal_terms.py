@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from bench.equal_terms import print_setups, process_tree, ratio_line, round_order
+from bench.equal_terms import busy_threads, print_setups, process_tree, ratio_line, round_order, thread_times
 
 MUST = ["executor", "OMP_NUM_THREADS", "niceness"]
 OURS = {"executor": "UniProcExecutor", "OMP_NUM_THREADS": "1", "niceness": 15, "processes": 3}
@@ -68,5 +68,43 @@ def test_process_tree_reads_a_running_tree():
     finally:
         for child in psutil.Process(proc.pid).children():
             child.kill()
+        proc.kill()
+        proc.wait()
+
+
+def test_process_tree_leaves_out_a_retitled_environment():
+    # setproctitle (vLLM, Ray) takes the memory /proc shows the environment from: nothing there is "unset".
+    code = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore_DP0'); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "3"})
+    try:
+        deadline = time.time() + 20
+        while not psutil.Process(proc.pid).cmdline()[0].startswith("VLLM::") and time.time() < deadline:
+            time.sleep(0.1)
+        tree = process_tree(proc.pid)
+        assert tree["processes"] == 1
+        assert "OMP_NUM_THREADS" not in tree
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_busy_threads_counts_the_threads_that_computed():
+    # Two threads spin (a Python thread releases the GIL in hashlib on large inputs), one sleeps.
+    code = ("import hashlib, threading, time\n"
+            "def spin():\n"
+            "    data = bytes(1 << 24)\n"
+            "    while True: hashlib.sha256(data).digest()\n"
+            "for _ in range(2): threading.Thread(target=spin, daemon=True).start()\n"
+            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(1.0)
+        before = thread_times(proc.pid)
+        time.sleep(3.0)
+        after = thread_times(proc.pid)
+        assert len(after) >= 4
+        assert busy_threads(before, after) == 2
+    finally:
         proc.kill()
         proc.wait()
