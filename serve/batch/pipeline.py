@@ -10,9 +10,8 @@
 then, from the written Parquet: totals, eval metrics, and in eval mode an MLflow run plus `eval.*` tags on
 the model version. ray.data.llm's own chat-template/tokenize/detokenize stages are off: the validator has
 to tokenize anyway to refuse over-long prompts, and vLLM detokenizes as it generates, so each would only
-be one more actor pool competing for the same cores. The driver builds the plan without vLLM, torch or
-transformers' model code, and starts the cluster's singleton actors early (serve/batch/driver_start.py): only
-the engine actors import vLLM, transformers or torch."""
+be one more actor pool competing for the same cores. The driver builds the plan without importing vLLM, torch
+or transformers' model code (serve/batch/driver_start.py): only the engine actors import them."""
 
 from __future__ import annotations
 
@@ -31,9 +30,7 @@ from pipelines.ray_cluster import init_ray
 from serve import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
-from serve.batch.driver_start import (
-    PlanWarmUp, config_json_as_autoconfig, telemetry_reports_kept, torch_on_first_use, without_vllm,
-)
+from serve.batch.driver_start import plan_without_engine_imports
 from serve.batch.rows import result_rows
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
 
@@ -116,10 +113,9 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
 
 def engine_processor(cfg: Config, model_path: str, jsonl: bool = True):
     """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py, whose
-    engine stage validates raw input rows (JSONL lines if `jsonl`, else Parquet rows) and sends Ray's
-    telemetry report once its engine is up. Built with vLLM hidden, torch imported only if used and the
-    model's config read from config.json (serve/batch/driver_start.py), from the imports to the plan."""
-    with without_vllm(), torch_on_first_use(), config_json_as_autoconfig():
+    engine stage validates raw input rows (JSONL lines if `jsonl`, else Parquet rows). Built without importing
+    vLLM, torch or transformers' model code (serve/batch/driver_start.py), from the imports to the plan."""
+    with plan_without_engine_imports():
         return _engine_processor(cfg, model_path, jsonl)
 
 
@@ -156,12 +152,11 @@ def _engine_processor(cfg: Config, model_path: str, jsonl: bool):
     # is up, and refuses the Jobs API's http:// address that a Ray job (and the local stack) sets.
     address = os.environ.pop("RAY_ADDRESS", None) if os.environ.get("RAY_ADDRESS", "").startswith("http") else None
     try:
-        with telemetry_reports_kept([]) as telemetry:
-            processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
+        processor = build_processor(config, preprocess_map_kwargs=cpu, postprocess_map_kwargs=cpu)
     finally:
         if address:
             os.environ["RAY_ADDRESS"] = address
-    use_rayline_engine_stage(processor, telemetry=telemetry, validator=dict(
+    use_rayline_engine_stage(processor, validator=dict(
         max_model_len=cfg.engine.max_model_len, sampling_defaults=cfg.sampling.as_params(), jsonl=jsonl,
     ))
     return processor
@@ -194,13 +189,10 @@ def read_results(output_uri: str):
 def main(cfg: Config) -> Result:
     """Run the stage end to end; print and return the summary."""
     started = time.perf_counter()
-    warm_up = PlanWarmUp()
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
     eng.check_max_model_len(cfg.engine, model_path)
     prepare_output(cfg)
     init_ray()
-    warm_up.start_cluster_actors()
-    warm_up.wait()
     run_pipeline(cfg, model_path, info)
     wall = time.perf_counter() - started
 

@@ -1,8 +1,7 @@
 """The batch driver's start-up (serve/batch/driver_start.py): the plan is built without vLLM, torch or
-transformers' model code, and ray.data.llm's telemetry report goes to the engine actors, which send it
-without waiting for Ray's telemetry actor.
+transformers' model code.
 
-The import checks run in a fresh interpreter, as a job's driver is: the test process has imported vLLM and
+The checks run in a fresh interpreter, as a job's driver is: the test process has imported vLLM and
 transformers already.
 """
 
@@ -11,14 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from pipelines.config import from_dict
 from serve import engine as eng
-from serve.batch.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,12 +36,8 @@ def test_the_driver_builds_the_plan_without_vllm_torch_or_transformers_model_cod
         "from pipelines.config import from_dict",
         "from pipelines.ray_cluster import init_ray",
         "from serve.batch.config import Config",
-        "from serve.batch.driver_start import PlanWarmUp",
         "from serve.batch.pipeline import engine_processor",
-        "warm_up = PlanWarmUp()",
         "init_ray()",
-        "warm_up.start_cluster_actors()",
-        "warm_up.wait()",
         f"processor = engine_processor(from_dict(Config, {cfg!r}), {str(tiny_model_dir)!r})",
         "print('stage:', processor.get_stage_by_name('vLLMEngineStage').fn.__name__)",
         "print('vllm:', sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))",
@@ -108,61 +100,3 @@ def test_torch_stand_in_answers_torch_home_and_imports_torch_for_anything_else(t
     assert f"home: {tmp_path / 'th'}" in out and "imported: False" in out, out
     assert "tensor: 3" in out and "real after use: module" in out and "after the block: module" in out, out
     assert "submodule: torch.hub module" in out, out
-
-
-@pytest.mark.slow  # imports vLLM through ray.data.llm; builds the plan on the test stack's Ray, runs nothing
-def test_the_telemetry_report_goes_to_the_engine_stage_and_reaches_ray_s_actor(ray_session, tiny_model_dir):
-    from ray.llm._internal.batch.observability.usage_telemetry.usage import (
-        LLM_BATCH_TELEMETRY_ACTOR_NAME, LLM_BATCH_TELEMETRY_NAMESPACE, BatchTelemetryTags,
-    )
-
-    from serve.batch.driver_start import send_telemetry
-    from serve.batch.pipeline import engine_processor
-
-    batch_size = 29  # a value no other test's processor reports
-    cfg = from_dict(Config, {"input_uri": "p.jsonl", "output_uri": "out", "num_engines": 1, "batch_size": batch_size,
-                             "engine": {"model": str(tiny_model_dir), "accelerator": "cpu", "max_model_len": 256,
-                                        "kv_cache_memory_bytes": 64 * eng.MiB}})
-    stage = engine_processor(cfg, str(tiny_model_dir)).get_stage_by_name("vLLMEngineStage")
-    reports = stage.fn_constructor_kwargs["telemetry"]  # what the engine actors send once their engine is up
-    assert [r.batch_size for r in reports] == [batch_size], reports
-    send_telemetry(reports)
-    agent = ray_session.get_actor(LLM_BATCH_TELEMETRY_ACTOR_NAME, namespace=LLM_BATCH_TELEMETRY_NAMESPACE)
-    deadline = time.monotonic() + 60
-    while True:  # sent without waiting: it lands once the actor has taken it
-        report = ray_session.get(agent.generate_report.remote())
-        if str(batch_size) in report[BatchTelemetryTags.LLM_BATCH_SIZE].split(",") or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert str(batch_size) in report[BatchTelemetryTags.LLM_BATCH_SIZE].split(","), report
-    assert "LlamaForCausalLM" in report[BatchTelemetryTags.LLM_BATCH_MODEL_ARCHITECTURE].split(","), report
-
-
-@pytest.mark.slow  # imports ray.data.llm
-@pytest.mark.timeout(120)
-def test_sending_the_telemetry_report_does_not_wait_for_the_actor(ray_session, monkeypatch):
-    from ray.llm._internal.batch.observability.usage_telemetry import usage
-
-    from serve.batch.driver_start import send_telemetry
-
-    @ray_session.remote(num_cpus=0)
-    class Busy:  # an actor that takes a report only when told to, like one still starting
-        def __init__(self):
-            self.reports = []
-
-        async def record(self, telemetry):
-            while not self.reports:
-                await __import__("asyncio").sleep(0.1)
-            self.reports.append(telemetry)
-
-        async def release(self):
-            self.reports.append("released")
-            return len(self.reports)
-
-    busy = Busy.remote()
-    agent = object.__new__(usage.TelemetryAgent)
-    agent.remote_telemetry_agent = busy
-    monkeypatch.setattr(usage, "get_or_create_telemetry_agent", lambda: agent)
-    send_telemetry(["report"])  # Ray's own push would wait here until the timeout
-    assert ray_session.get(busy.release.remote()) == 1
-    ray_session.kill(busy)

@@ -300,7 +300,7 @@ def test_engine_stage_is_rayline_s_udf_with_ray_s_cpu_placement(ray_session, tin
 
 
 @pytest.mark.slow  # imports vLLM
-def test_engine_stage_requests_ask_vllm_for_the_final_output_only():
+def test_engine_stage_requests_ask_vllm_for_the_final_output_only(tiny_model_dir):
     import asyncio
 
     from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineWrapper, vLLMTaskType
@@ -308,15 +308,12 @@ def test_engine_stage_requests_ask_vllm_for_the_final_output_only():
 
     from serve.batch.engine_stage import final_outputs_only
 
+    validator = rows.PromptValidator(str(tiny_model_dir), 256, {"max_tokens": 5}, jsonl=True)
+    ok, refused = final_outputs_only(validator.requests([{"text": json.dumps({"prompt": "hi"})}, {"text": "{"}]))
     # Ray's own request preparation, without an engine behind it (it only reads these attributes).
     wrapper = object.__new__(vLLMEngineWrapper)
     wrapper.request_id, wrapper.task_type, wrapper.model = 0, vLLMTaskType.GENERATE, "m"
     wrapper.idx_in_batch_column = "__idx_in_batch"
-    row = {"prompt": "hi", "sampling_params": {"max_tokens": 5, "temperature": 0.0}, "__idx_in_batch": 3}
-    plain = asyncio.run(wrapper._prepare_llm_request(dict(row, sampling_params=dict(row["sampling_params"]))))
-    assert plain.params.output_kind == RequestOutputKind.CUMULATIVE  # Ray's default: an output every step
-
-    final_outputs_only(wrapper)
-    request = asyncio.run(wrapper._prepare_llm_request(row))
-    assert request.params.output_kind == RequestOutputKind.FINAL_ONLY
-    assert request.params.max_tokens == 5 and request.prompt == "hi" and request.idx_in_batch == 3
+    request = asyncio.run(wrapper._prepare_llm_request({**ok, "__idx_in_batch": 0}))
+    assert request.params.output_kind == RequestOutputKind.FINAL_ONLY and request.params.max_tokens == 5
+    assert "output_kind" not in refused["sampling_params"]  # a refused row never reaches vLLM
