@@ -7,7 +7,8 @@ when the webhook has a secret, X-MLflow-Signature = "v1," + base64(HMAC-SHA256(s
 acknowledged and ignored. The receiver listens on loopback unless configured otherwise.
 
 Delivering to a loopback or private address must be allowed on the MLflow server:
-MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true in its environment.
+MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true in its environment (the local
+stack's server has them, pipelines/stack.py; tests/serve/test_webhook.py has it call a watching rollout).
 """
 
 from __future__ import annotations

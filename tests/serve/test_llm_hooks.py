@@ -1,56 +1,63 @@
-"""The engine replica's OpenAI app names the served version in its model cards (no cluster, no engine)."""
+"""The engine replica's OpenAI app: vLLM's own routes, served by Ray Serve LLM, name the served version.
+
+The model-route tests go to the app tests/serve/conftest.py deploys for the session (the tiny model on the
+CPU engine, `ingress: engine`): RaylineServer wraps vLLM's `GET /v1/models` and Ray's `GET /v1/models/{model}`
+there. The executor test runs Ray's own engine-config class, without an engine.
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
-from fastapi.testclient import TestClient
+import json
+import urllib.error
+import urllib.request
 
-from serve.llm_hooks import add_version_to_model_routes, stamp_version
+import pytest
 
-RAYLINE = {"name": "rayline-tiny", "version": "3", "alias": "champion", "label": "rayline-tiny/3"}
-
-
-def engine_like_app() -> FastAPI:
-    """The two model routes as vLLM's app (a JSONResponse list) and Ray's retrieve route (a card, 404 otherwise)."""
-    app = FastAPI()
-
-    @app.get("/v1/models")
-    async def show_available_models(raw_request: Request):  # vLLM's handler takes the raw request
-        return JSONResponse({"object": "list", "data": [
-            {"id": "rayline", "object": "model", "owned_by": "vllm"}, {"id": "other", "object": "model"}]})
-
-    @app.get("/v1/models/{model:path}")
-    async def _get_model(model: str):
-        if model != "rayline":
-            raise HTTPException(status_code=404, detail=f"Unknown model: {model}")
-        return {"id": "rayline", "object": "model", "metadata": {"input_modality": "text"}}
-
-    return app
+from serve.llm_hooks import stamp_version
+from tests.serve.serving import SERVED_MODEL
 
 
-def test_list_and_retrieve_carry_the_version_of_the_served_model_only():
-    app = engine_like_app()
-    add_version_to_model_routes(app, "rayline", RAYLINE)
-    client = TestClient(app)
-    served, other = client.get("/v1/models").json()["data"]
-    assert served["metadata"]["rayline"] == RAYLINE and served["owned_by"] == "rayline"
-    assert "metadata" not in other
-    card = client.get("/v1/models/rayline").json()
-    assert card["metadata"] == {"input_modality": "text", "rayline": RAYLINE}
+def get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
-def test_unknown_model_gets_an_openai_style_404():
-    app = engine_like_app()
-    add_version_to_model_routes(app, "rayline", RAYLINE)
-    r = TestClient(app).get("/v1/models/gpt-9")
-    assert r.status_code == 404
-    assert r.json()["error"]["message"] == "Unknown model: gpt-9" and r.json()["error"]["type"] == "invalid_request_error"
+def expected_stamp(served: dict) -> dict:
+    """metadata.rayline as the app pins it: the registered version the alias pointed at when it was deployed."""
+    return {"name": SERVED_MODEL, "version": served["version"], "alias": "champion", "label": served["label"],
+            "ref": f"models:/{SERVED_MODEL}/{served['version']}"}
 
 
-def test_stamp_leaves_cards_alone_without_a_pinned_model():
-    card = {"id": "rayline", "owned_by": "vllm"}
-    assert stamp_version(card, "rayline", {}) == card
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the session's app may start in this test's setup
+def test_vllm_model_list_carries_the_served_version(served):
+    status, body = get(served["base_url"] + "/models")
+    assert status == 200 and body["object"] == "list", body
+    (card,) = body["data"]
+    assert card["id"] == "rayline" and card["object"] == "model" and card["owned_by"] == "rayline"
+    stamp = card["metadata"]["rayline"]
+    assert stamp.items() >= expected_stamp(served).items() and stamp["source"], stamp
+    assert card["max_model_len"] == 256  # vLLM's own card fields are kept
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_retrieve_route_carries_the_version_and_unknown_models_get_an_openai_404(served):
+    status, card = get(served["base_url"] + "/models/rayline")
+    assert status == 200 and card["id"] == "rayline", card
+    assert card["metadata"]["rayline"].items() >= expected_stamp(served).items()
+    status, body = get(served["base_url"] + "/models/gpt-9")
+    assert status == 404
+    assert body == {"error": {"message": "Unknown model: gpt-9", "type": "invalid_request_error", "code": 404}}
+
+
+def test_stamp_leaves_other_cards_and_unpinned_apps_alone():
+    rayline = {"name": "rayline-tiny", "version": "3", "alias": "champion", "label": "rayline-tiny/3"}
+    assert stamp_version({"id": "other", "owned_by": "vllm"}, "rayline", rayline) == {"id": "other", "owned_by": "vllm"}
+    assert stamp_version({"id": "rayline", "owned_by": "vllm"}, "rayline", {}) == {"id": "rayline", "owned_by": "vllm"}
 
 
 def test_the_replica_keeps_the_executor_the_engine_kwargs_ask_for(monkeypatch):

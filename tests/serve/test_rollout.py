@@ -28,7 +28,7 @@ from serve import rollout_record as rec
 from serve.deploy_target import LocalServe
 from serve.rollout import DEPLOYED, REJECTED, ROLLED_BACK, Rollout
 from serve.rollout_config import Config as RolloutConfig
-from tests.serve.test_serve import register_fresh, serve_config_dict
+from tests.serve.serving import register_fresh, serve_config_dict
 
 # The module's app is started in the first test's setup, which pytest-timeout counts against that test;
 # on a busy 2-core box one engine start alone can take minutes.
@@ -115,6 +115,17 @@ class Load:
                 self.errors.append(f"{time.time() - t:.1f}s {type(e).__name__}: {e}")
                 time.sleep(0.5)
 
+    def answered_since(self, t: float) -> list[str | None]:
+        """Fingerprints of the requests that started after `t` and were answered."""
+        return [fp for start, _, fp in list(self.results) if start > t]
+
+    def wait_for_answers_since(self, t: float, n: int, timeout_s: float = 180) -> list[str | None]:
+        """Wait until `n` requests started after `t` were answered (or failed, or `timeout_s` passed)."""
+        deadline = time.time() + timeout_s
+        while len(self.answered_since(t)) < n and not self.errors and time.time() < deadline:
+            time.sleep(0.2)
+        return self.answered_since(t)
+
     def __enter__(self) -> "Load":
         for t in self.threads:
             t.start()
@@ -143,13 +154,14 @@ def test_promote_under_load_switches_to_v2_without_a_failed_request(setup):
         result = setup["rollout"].once("test:promote")
         answering_after = time.time() - promoted_at
         done_at = time.time()
-        time.sleep(3)
+        after = load.wait_for_answers_since(done_at, n=6)  # two rounds of the three clients
     print(f"\nrollout time (alias set -> v2 answering): {answering_after:.1f}s; {len(load.results)} requests")
     assert result.status == DEPLOYED and (result.previous_version, result.version) == ("1", "2"), result.line()
     assert load.errors == [], load.errors[:5]
     seen = [fp for _, _, fp in sorted(load.results)]
     assert seen[0] == v1 and seen[-1] == v2 and set(seen) == {v1, v2}
-    assert all(fp == v2 for start, _, fp in load.results if start > done_at)  # once verified, only v2 answers
+    # Once the rollout is verified, only v2 answers: requests that started after it, each answered by v2.
+    assert len(after) >= 6 and set(after) == {v2}, after
     new, old = version_tags("2"), version_tags("1")
     assert new[rec.TAG_STATUS] == "deployed" and new[rec.TAG_DEPLOYED_AT] and new[rec.TAG_TRIGGERED_BY] == "test:promote"
     assert new[rec.TAG_PREVIOUS_VERSION] == "1" and new[rec.TAG_RUN_ID] == result.run_id

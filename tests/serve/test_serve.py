@@ -1,87 +1,28 @@
 """The OpenAI app for real: Ray Serve LLM + vLLM on CPU + the MLflow server of the test stack, via `pipelines.serve`.
 
-The app is deployed once for the module by the real entry point (`python -m pipelines.serve`) from a
+The app (tests/serve/conftest.py, shared with test_llm_hooks.py) is deployed once by the real entry point (`python -m pipelines.serve`) from a
 tiny model registered as `models:/<name>@champion`, then driven with the `openai` client: every route
 incl. streaming, the served version in `system_fingerprint` and `/v1/models`, and the bad-request suite
-(OpenAI-style 4xx bodies, the service stays healthy). The app is removed at the end.
+(OpenAI-style 4xx bodies, the service stays healthy).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import re
 import urllib.error
 import urllib.request
 
 import pytest
-import yaml
 
 from pipelines import registry
 from serve.app import served_model_of
-from serve.deploy_target import LocalServe
+from tests.serve.serving import SERVED_MODEL, SERVED_PREFIX
 
 # The app starts in the first test's setup, which pytest-timeout counts against that test.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-MODEL = "rayline-serve-test"
-APP = "rayline-test-serve"
-PREFIX = "/serve-test"
-TEST_ENGINE = {
-    "accelerator": "cpu", "max_model_len": 256, "max_num_seqs": 8, "dtype": "float32", "enforce_eager": True,
-    "enable_prefix_caching": True, "enable_chunked_prefill": True, "kv_cache_memory_bytes": 64 * 2**20,
-    "cpus_per_engine": 0.2,
-    # vLLM pins every CPU engine's compute thread to core 0 by default; on a shared 2-core box that core is
-    # the busiest, and during a rolling update both engines would sit on it. One unpinned thread instead.
-    "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
-}
-
-
-def serve_config_dict(app: str, prefix: str, model: str) -> dict:
-    """The serving YAML the integration tests deploy: the tiny model, fractional CPUs for the shared 2-core head."""
-    return {"app_name": app, "route_prefix": prefix, "served_model_id": "rayline",
-            "engine": {"model": f"models:/{model}@champion", **TEST_ENGINE},
-            "ingress_cpus": 0.05, "graceful_shutdown_timeout_s": 10}
-
-
-def register_fresh(name: str, checkpoints: list[tuple[str, dict]]) -> list[str]:
-    """Register `name` anew (earlier sessions' versions removed) with one version per (path, tags); returns versions."""
-    c = registry.client()
-    try:
-        c.delete_registered_model(name)
-    except Exception:
-        pass
-    versions = []
-    with registry.start_run("rayline-tests", f"register-{name}") as run:
-        for path, tags in checkpoints:
-            mv = registry.register_checkpoint(name, path, run_id=run.info.run_id, tags=tags)
-            versions.append(str(mv.version))
-    return versions
-
-
-@pytest.fixture(scope="module")
-def served(local_stack, tiny_model_dir, tmp_path_factory):
-    (version,) = register_fresh(MODEL, [(str(tiny_model_dir), {"eval.exact_match": "0.6"})])
-    registry.set_alias(MODEL, "champion", version)
-    cfg_file = tmp_path_factory.mktemp("serve-config") / "serve.yaml"
-    cfg_file.write_text(yaml.safe_dump(serve_config_dict(APP, PREFIX, MODEL)))
-    target = LocalServe(APP)
-    try:
-        out = subprocess.run([sys.executable, "-m", "pipelines.serve", "--config", str(cfg_file)],
-                             capture_output=True, text=True, timeout=900, cwd=registry.PROJECT_ROOT)
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert f"serving {MODEL}/{version} as 'rayline'" in out.stdout
-        yield {"version": version, "label": f"{MODEL}/{version}", "target": target,
-               "base_url": f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}/v1"}
-    finally:
-        target.delete()
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    from openai import OpenAI
-
-    return OpenAI(base_url=served["base_url"], api_key="unused", max_retries=0, timeout=120)
+MODEL, PREFIX = SERVED_MODEL, SERVED_PREFIX
 
 
 def test_models_route_lists_the_served_version(served, client):
@@ -119,28 +60,39 @@ def raw_post(base_url: str, path: str, body: bytes) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+# case -> (route, body, status, error type, what the message must name). vLLM's error body is OpenAI's shape,
+# {"error": {"message", "type", "param", "code"}}, with its own type names and the status as `code`.
 BAD_REQUESTS = {
-    "invalid JSON": ("/completions", b'{"model": "rayline", "prompt": ', 400),
-    "unknown model": ("/completions", json.dumps({"model": "gpt-9", "prompt": "hi", "max_tokens": 4}).encode(), 404),
+    # A body FastAPI cannot parse gets vLLM's validation handler: the status phrase as type, pydantic's error.
+    "invalid JSON": ("/completions", b'{"model": "rayline", "prompt": ', 400, "Bad Request", r"json_invalid.*JSON decode error"),
+    "unknown model": ("/completions", json.dumps({"model": "gpt-9", "prompt": "hi", "max_tokens": 4}).encode(), 404,
+                      "NotFoundError", r"gpt-9"),
     "max_tokens beyond the context": (
-        "/completions", json.dumps({"model": "rayline", "prompt": "hi", "max_tokens": 100_000}).encode(), 400),
-    "empty messages": ("/chat/completions", json.dumps({"model": "rayline", "messages": []}).encode(), 400),
+        "/completions", json.dumps({"model": "rayline", "prompt": "hi", "max_tokens": 100_000}).encode(), 400,
+        "BadRequestError", r"100000.*256|256.*100000"),
+    "empty messages": ("/chat/completions", json.dumps({"model": "rayline", "messages": []}).encode(), 400,
+                       "BadRequestError", r"empty conversation\. Provide at least one message"),
     "prompt too long": (
-        "/completions", json.dumps({"model": "rayline", "prompt": "hello " * 2000, "max_tokens": 4}).encode(), 400),
+        "/completions", json.dumps({"model": "rayline", "prompt": "hello " * 2000, "max_tokens": 4}).encode(), 400,
+        "BadRequestError", r"256"),
     "chat prompt too long, streamed": ("/chat/completions", json.dumps(
-        {"model": "rayline", "messages": [{"role": "user", "content": "hello " * 2000}], "stream": True}).encode(), 400),
+        {"model": "rayline", "messages": [{"role": "user", "content": "hello " * 2000}], "stream": True}).encode(), 400,
+        "BadRequestError", r"256"),
     "negative max_tokens": (
-        "/completions", json.dumps({"model": "rayline", "prompt": "hi", "max_tokens": -1}).encode(), 400),
+        "/completions", json.dumps({"model": "rayline", "prompt": "hi", "max_tokens": -1}).encode(), 400,
+        "BadRequestError", r"max_tokens"),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
 def test_bad_requests_get_openai_style_errors(served, case):
-    path, body, code = BAD_REQUESTS[case]
+    path, body, code, err_type, names = BAD_REQUESTS[case]
     status, reply = raw_post(served["base_url"], path, body)
     assert status == code, reply
+    assert set(reply) == {"error"} and set(reply["error"]) >= {"message", "type", "param", "code"}, reply
     err = reply["error"]
-    assert isinstance(err["message"], str) and err["message"] and "type" in err and "code" in err
+    assert (err["code"], err["type"]) == (code, err_type), reply
+    assert re.search(names, err["message"]), reply
 
 
 def test_openai_client_raises_typed_errors_and_service_stays_healthy(served, client):
