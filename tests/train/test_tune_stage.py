@@ -1,5 +1,6 @@
-"""The tune stage on the test stack (`python -m pipelines.tune` in a subprocess): searches that cannot fit are
-refused with the arithmetic; the search summary closes the runs of stopped trials. The ASHA search itself (trials as child runs, the best registered) runs as a Ray
+"""The tune stage on the test stack: searches that cannot fit are refused with the arithmetic
+(`python -m pipelines.tune` in a subprocess); the search summary closes the runs of trials a real ASHA
+search stopped. The full search (train-stage trials as child runs, the best registered) runs as a Ray
 job in the end-to-end test, tests/pipelines/test_demo.py, which asserts the same facts."""
 
 from __future__ import annotations
@@ -58,35 +59,95 @@ def test_a_search_that_cannot_fit_is_refused_with_the_arithmetic(make_tune_confi
     assert registry.find_run(cfg.experiment, cfg.search_name) is None
 
 
-def test_trials_asha_stopped_close_killed_and_failed_trials_stay_failed(local_stack, make_tune_config):
+def test_trials_asha_stopped_close_killed_and_failed_trials_stay_failed(ray_session, tmp_path):
     """The search summary closes the child run of every trial ASHA stopped, however the stop reached it
-    (the run left RUNNING, or closed FAILED by the exception that ended the trial function); a trial that
-    failed (Tune reports its error) keeps FAILED, a finished one FINISHED. Real MLflow runs; the results
-    stand in for Tune's, of which the summary reads metrics, config and error."""
-    from types import SimpleNamespace
+    (the run left RUNNING by the ended actor, or closed FAILED by the exception that ended the trial
+    function); a trial that failed keeps FAILED, a finished one FINISHED.
+
+    A real ASHA search on the test stack's Ray, over trials that each play one ending against a real
+    MLflow child run: they report `step` and the metric at 2, 4 and 6 like a 6-step train-stage trial,
+    one at a time in grid order, so ASHA (rungs at 2 and 4, as the stage sets them) stops the second
+    and third at the first rung. The summary reads Tune's own results.
+    """
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import BasicVariantGenerator
 
     from train.tune import TAG_TUNE_PARENT, TAG_TUNE_TRIAL, _summaries
 
-    cfg = make_tune_config()
+    cfg = load_config(TuneConfig, ROOT / "configs/tune/tiny.yaml",
+                      [f"search_name=search-{uuid.uuid4().hex[:6]}", "experiment=rayline-test-tune"])
     client = registry.client()
     exp = client.get_experiment_by_name(cfg.experiment)
     exp_id = exp.experiment_id if exp else client.create_experiment(cfg.experiment)
     parent = client.create_run(exp_id, run_name=cfg.search_name).info.run_id
-    ends = {"t-running": None, "t-stopped-failed": "FAILED", "t-error": "FAILED", "t-done": "FINISHED"}
-    runs = {}
-    for trial, end in ends.items():
-        runs[trial] = client.create_run(exp_id, tags={TAG_TUNE_PARENT: parent, TAG_TUNE_TRIAL: trial}).info.run_id
-        if end:
-            client.set_terminated(runs[trial], end)
+    tracking, metric = registry.tracking_uri(), cfg.metric
+    endings = ["finishes", "stopped", "stopped-after-closing-failed", "raises"]
+    first_metric = {"finishes": 1.0, "stopped": 5.0, "stopped-after-closing-failed": 6.0, "raises": 0.5}
 
-    def result(trial, step, error=None, export=None):
-        metrics = {"trial_id": trial, "step": step, cfg.metric: 1.0, **({"export_uri": export} if export else {})}
-        return SimpleNamespace(metrics=metrics, config={k: 0.1 for k in cfg.space}, error=error)
+    def trial(config):  # runs in a Tune trial actor
+        import time
 
-    results = [result("t-running", 2), result("t-stopped-failed", 2), result("t-error", 2, RuntimeError("oom")),
-               result("t-done", 6, export="/x")]
-    summaries = {s.trial_id: s for s in _summaries(cfg, results, parent, total_steps=6)}
-    status = {t: client.get_run(r).info.status for t, r in runs.items()}
-    assert status == {"t-running": "KILLED", "t-stopped-failed": "KILLED", "t-error": "FAILED", "t-done": "FINISHED"}
-    assert summaries["t-done"].finished and not summaries["t-running"].finished
-    assert client.get_run(runs["t-stopped-failed"]).data.tags["rayline.tune_stopped_at_step"] == "2"
+        from mlflow.tracking import MlflowClient
+        from ray import tune
+
+        ending = config["ending"]
+        client = MlflowClient(tracking)
+        tags = {TAG_TUNE_PARENT: parent, TAG_TUNE_TRIAL: tune.get_context().get_trial_id()}
+        run_id = client.create_run(exp_id, run_name=f"trial-{ending}", tags=tags).info.run_id
+        if ending == "stopped-after-closing-failed":
+            # What a stop that reaches the train stage's trial function as an exception leaves behind.
+            client.set_terminated(run_id, "FAILED")
+        for step in (2, 4, 6):
+            final = {"export_uri": "/x"} if step == 6 else {}  # the train stage's last report names its export
+            tune.report({"step": step, metric: first_metric[ending] * 2 / step, **final})
+            if ending.startswith("stopped"):
+                time.sleep(600)  # ASHA stops the trial at step 2; its actor ends long before this does
+            if ending == "raises":
+                time.sleep(5)  # let Tune take the step-2 result first
+                client.set_terminated(run_id, "FAILED")
+                raise RuntimeError("worker ran out of memory")
+        client.set_terminated(run_id, "FINISHED")
+
+    tuner = tune.Tuner(
+        tune.with_resources(trial, {"CPU": 0.01}),
+        param_space={"ending": tune.grid_search(endings), **{k: d.to_tune() for k, d in cfg.space.items()}},
+        tune_config=tune.TuneConfig(
+            metric=metric, mode="min", num_samples=1,
+            scheduler=ASHAScheduler(time_attr="step", max_t=5, grace_period=2, reduction_factor=2.0,
+                                    stop_last_trials=False),
+            search_alg=BasicVariantGenerator(random_state=0, max_concurrent=1),
+        ),
+        run_config=tune.RunConfig(name="summaries", storage_path=str(tmp_path)),
+    )
+    results = {r.config["ending"]: r for r in tuner.fit()}
+    assert sorted(results) == sorted(endings)
+    trial_of = {e: results[e].metrics["trial_id"] for e in endings}
+    assert {e: results[e].metrics["step"] for e in endings} == {"finishes": 6, "stopped": 2,
+                                                                 "stopped-after-closing-failed": 2, "raises": 2}
+    assert [e for e in endings if results[e].error is not None] == ["raises"]
+    assert "worker ran out of memory" in str(results["raises"].error)
+
+    def child_runs() -> dict:
+        found = client.search_runs([exp_id], f"tags.`{TAG_TUNE_PARENT}` = '{parent}'")
+        by_trial = {r.data.tags[TAG_TUNE_TRIAL]: r for r in found}
+        return {e: by_trial[trial_of[e]] for e in endings}
+
+    # What the trials left: ASHA's stop ended the second trial before it closed its run.
+    before = {e: r.info.status for e, r in child_runs().items()}
+    assert before == {"finishes": "FINISHED", "stopped": "RUNNING", "stopped-after-closing-failed": "FAILED",
+                      "raises": "FAILED"}
+
+    summaries = {s.trial_id: s for s in _summaries(cfg, list(results.values()), parent, total_steps=6)}
+    after = child_runs()
+    assert {e: r.info.status for e, r in after.items()} == {
+        "finishes": "FINISHED", "stopped": "KILLED", "stopped-after-closing-failed": "KILLED", "raises": "FAILED"}
+    assert {e: r.data.tags.get("rayline.tune_stopped_at_step") for e, r in after.items()} == {
+        "finishes": None, "stopped": "2", "stopped-after-closing-failed": "2", "raises": None}
+    assert {e: summaries[trial_of[e]].finished for e in endings} == {
+        "finishes": True, "stopped": False, "stopped-after-closing-failed": False, "raises": False}
+    for e in endings:
+        summary = summaries[trial_of[e]]
+        assert summary.mlflow_run_id == after[e].info.run_id and summary.run_name == f"trial-{e}"
+        assert summary.sampled == {k: results[e].config[k] for k in cfg.space}
+        assert summary.metric == results[e].metrics[metric]
