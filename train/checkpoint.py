@@ -114,7 +114,7 @@ def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
 
 
 def newest_trainer_state(run_uri: str) -> tuple[str, TrainerState] | None:
-    """The newest `checkpoint_step*` directory under `run_uri` (local or s3://) holding a trainer state, and that state."""
+    """The newest `checkpoint_step*` directory under `run_uri` (local or s3://) with a trainer state, and the state."""
     from pipelines import storage
 
     names = sorted({rel.split("/", 1)[0] for rel in storage.list_files(run_uri)
