@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
+from bench.equal_terms import pooled_setup, print_setups, ratio_line, round_order  # noqa: E402
 from pipelines.sample_corpus import SYSTEM_PROMPT, WORDS  # noqa: E402
 from pipelines.tiny_model import SIZES, train_tokenizer  # noqa: E402
 
@@ -206,24 +206,14 @@ def measure(args, work: Path, texts_path: Path, backend_path: Path) -> None:
         ray.shutdown()
 
     rates = {side: sum(r["tokens"] for r in rs) / sum(r["wall"] for r in rs) for side, rs in runs.items()}
-    setups = {"rayline data stage": _pooled_setup(runs["rayline"]),
-              "tokenizer encode_batch_fast": _pooled_setup(runs["baseline"])}
+    setups = {"rayline data stage": pooled_setup(runs["rayline"]),
+              "tokenizer encode_batch_fast": pooled_setup(runs["baseline"])}
     print(f"\n{args.rounds} rounds per side, A-B-B-A, pooled; packing efficiency "
           f"{runs['rayline'][-1]['packing']:.1%}; {time.strftime('%Y-%m-%d %H:%M:%S')}")
     print_setups(setups)
     print(f"baseline: {rates['baseline']:,.0f} tokens/s; rayline: {rates['rayline']:,.0f} tokens/s")
     print(ratio_line("tokenizer encode_batch_fast", rates["rayline"] / rates["baseline"],
                      *setups.values(), MUST_MATCH))
-
-
-def _pooled_setup(runs: list[dict]) -> dict:
-    """One set-up for all rounds of a side: a key that changed between rounds shows every value."""
-    keys = dict.fromkeys(k for r in runs for k in r["setup"])
-    out = {}
-    for k in keys:
-        values = list(dict.fromkeys(json.dumps(r["setup"].get(k)) for r in runs))
-        out[k] = runs[0]["setup"].get(k) if len(values) == 1 else " / ".join(values)
-    return out
 
 
 if __name__ == "__main__":

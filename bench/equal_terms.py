@@ -21,6 +21,7 @@ threads really compute.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -113,6 +114,17 @@ def round_order(sides: Sequence[str], rounds: int) -> list[list[str]]:
     """The sides' order in each round: as given, then reversed, and so on (A-B, B-A: a drifting machine
     hits every side alike once the rounds are pooled)."""
     return [list(sides) if i % 2 == 0 else list(reversed(sides)) for i in range(rounds)]
+
+
+def pooled_setup(runs: list[dict]) -> dict:
+    """One set-up for all rounds of a side (each run a dict with a "setup" dict): a key that changed between
+    rounds shows every value."""
+    keys = dict.fromkeys(k for r in runs for k in r["setup"])
+    out = {}
+    for k in keys:
+        values = list(dict.fromkeys(json.dumps(r["setup"].get(k)) for r in runs))
+        out[k] = runs[0]["setup"].get(k) if len(values) == 1 else " / ".join(values)
+    return out
 
 
 def _environ(proc) -> dict[str, str] | None:
