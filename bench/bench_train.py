@@ -30,13 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
+from bench.equal_terms import busy_threads, one_value_or_all, pooled_setup, print_setups, ratio_line, round_order, thread_times  # noqa: E402
 
 WORLD = 2
 RESULT_PREFIX = "BENCH_RESULT "
-# OMP_NUM_THREADS is shown, not matched: Ray leaves it unset in a fractional-CPU worker and torchrun sets it
-# to 1 when it is unset, but both workers call torch.set_num_threads (which sets OpenMP's count too), so
-# "torch threads" is what decides their compute threads.
+# Both workers call torch.set_num_threads (which sets OpenMP's count too), so "torch threads" decides their
+# compute threads; the threads that really computed ("busy threads per worker", from their CPU time) are shown
+# beside it, not matched: a Ray worker also runs Ray Data's prefetch, which is part of what is measured.
 MUST_MATCH = ["worker processes", "niceness", "CPU affinity", "torch threads", "backend", "precision",
               "micro-batch x seq_len", "grad accumulation", "timed steps"]
 
@@ -103,11 +103,14 @@ def loop_setup(cfg, plan, steps: int) -> dict:
 
 class WorkerWatch:
     """Reads the training workers' processes back while they run (every second, in a thread): how many
-    there are at most at once, and their niceness, OMP_NUM_THREADS and CPU affinity. `match` picks them
-    by their command line."""
+    there are at most at once, their niceness and CPU affinity, and how many threads in each computed over
+    the run (equal_terms.busy_threads). `match` picks them by their command line. Their environment is not
+    read: a Ray worker sets its title, which overwrites what /proc shows of it."""
 
     def __init__(self, match):
         self.match, self.best, self._stop = match, {}, threading.Event()
+        self.first: dict[int, dict] = {}
+        self.last: dict[int, dict] = {}
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -119,23 +122,20 @@ class WorkerWatch:
             for proc in psutil.process_iter():
                 try:
                     if self.match(proc.cmdline()):
-                        found.append((proc.nice(), proc.environ().get("OMP_NUM_THREADS", "unset"),
-                                      len(proc.cpu_affinity())))
+                        found.append((proc.nice(), len(proc.cpu_affinity())))
+                        self.last[proc.pid] = thread_times(proc.pid)
+                        self.first.setdefault(proc.pid, self.last[proc.pid])
                 except (psutil.Error, OSError):
                     continue
             if found and len(found) >= self.best.get("worker processes", 0):
-                self.best = {"worker processes": len(found), **{k: _one_or_all(v) for k, v in zip(
-                    ("niceness", "OMP_NUM_THREADS", "CPU affinity"), zip(*found))}}
+                self.best = {"worker processes": len(found), **{k: one_value_or_all(v) for k, v in zip(
+                    ("niceness", "CPU affinity"), zip(*found))}}
 
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join()
-        return self.best
-
-
-def _one_or_all(values) -> object:
-    distinct = sorted(set(values), key=str)
-    return distinct[0] if len(distinct) == 1 else "/".join(map(str, distinct))
+        busy = [busy_threads(self.first[pid], self.last[pid]) for pid in self.last]
+        return {**self.best, "busy threads per worker": ",".join(map(str, busy))}
 
 
 def run_rayline(cfg) -> dict:
@@ -160,9 +160,9 @@ def run_rayline(cfg) -> dict:
     return {"steps": steps, "seconds": seconds, "tokens": (last["tokens_seen"] - warm["tokens_seen"]), "setup": setup}
 
 
-def run_torchrun(cfg_path: Path, threads: int, omp: str, nice: int) -> dict:
-    """torchrun of this file's worker at `nice`, with `threads` torch threads and OMP_NUM_THREADS `omp`
-    ("unset": not in its environment, and torchrun then sets 1)."""
+def run_torchrun(cfg_path: Path, threads: int, nice: int) -> dict:
+    """torchrun of this file's worker at `nice`, with `threads` torch threads and OMP_NUM_THREADS: what Ray
+    gives a worker (ray._private.utils.set_omp_num_threads_if_unset: its CPUs rounded down, at least 1)."""
     import socket
 
     with socket.socket() as sock:
@@ -170,9 +170,7 @@ def run_torchrun(cfg_path: Path, threads: int, omp: str, nice: int) -> dict:
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "--master_port", str(port),
            str(Path(__file__).resolve()), "--worker", str(cfg_path), "--threads", str(threads)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": omp}
-    if omp == "unset":
-        env.pop("OMP_NUM_THREADS")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
     watch = WorkerWatch(lambda cmdline: "--worker" in cmdline and str(cfg_path) in cmdline
                         and "torch.distributed.run" not in cmdline)  # the ranks, not their launcher
     try:
@@ -272,7 +270,7 @@ def torchrun_worker(cfg_path: Path, threads: int) -> None:
         timed = [t for s, t in hooks.times.items() if s > warm]
         # Read back in the running worker, under the same keys as rayline's set-up.
         setup = {"backend": dist.get_backend(), **loop_setup(cfg, plan, len(timed)),
-                 "torch threads": torch.get_num_threads()}
+                 "torch threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
         print(RESULT_PREFIX + json.dumps({"steps": len(timed), "seconds": sum(timed), "setup": setup,
                                           "tokens": hooks.tokens[plan.total_steps] - hooks.tokens[warm]}), flush=True)
     dist.destroy_process_group()
@@ -322,20 +320,19 @@ def main() -> None:
             if side == "rayline":
                 r = run_rayline(cfg)
             else:
-                # Ray's workers as read back in rayline's last run (round 1 runs rayline first): the same
-                # niceness and OMP_NUM_THREADS (Ray leaves it unset for a fractional-CPU worker).
-                terms = runs["rayline"][-1]["setup"]
+                # The niceness of Ray's workers as read back in rayline's last run (round 1 runs it first).
+                nice = int(runs["rayline"][-1]["setup"]["niceness"])
                 spec = work / "torchrun_spec.json"
                 spec.write_text(json.dumps({"cfg": to_dict(cfg), "plan": plan.to_dict(), "warmup": args.warmup}))
-                r = run_torchrun(spec, torch_threads(plan), str(terms["OMP_NUM_THREADS"]), int(terms["niceness"]))
+                r = run_torchrun(spec, torch_threads(plan), nice)
             runs[side].append(r)
             print(f"round {i + 1} {side:8}: {r['steps'] / r['seconds']:.3f} steps/s ({r['steps']} timed steps in "
                   f"{r['seconds']:.1f}s; {time.perf_counter() - start:.0f}s from start to finish)", flush=True)
         shutil.rmtree(work / "runs" / cfg.run_name, ignore_errors=True)
 
     pooled = {side: {k: sum(r[k] for r in rs) for k in ("steps", "seconds", "tokens")} for side, rs in runs.items()}
-    setups = {"rayline (TorchTrainer)": _pooled_setup(runs["rayline"]),
-              "torchrun": _pooled_setup(runs["torchrun"])}
+    setups = {"rayline (TorchTrainer)": pooled_setup(runs["rayline"]),
+              "torchrun": pooled_setup(runs["torchrun"])}
     print(f"\n{args.rounds} rounds per side, A-B-B-A, pooled; {time.strftime('%Y-%m-%d %H:%M:%S')}")
     print_setups(setups)
     for name, r in (("rayline  (TorchTrainer, 2 workers)", pooled["rayline"]),
@@ -345,16 +342,6 @@ def main() -> None:
     ours, base = pooled["rayline"], pooled["torchrun"]
     ratio = (ours["steps"] / ours["seconds"]) / (base["steps"] / base["seconds"])
     print(ratio_line("torchrun", ratio, *setups.values(), MUST_MATCH))
-
-
-def _pooled_setup(runs: list[dict]) -> dict:
-    """One set-up for all rounds of a side: a key that changed between rounds shows every value."""
-    keys = dict.fromkeys(k for r in runs for k in r["setup"])
-    out = {}
-    for k in keys:
-        values = list(dict.fromkeys(json.dumps(r["setup"].get(k)) for r in runs))
-        out[k] = runs[0]["setup"].get(k) if len(values) == 1 else " / ".join(values)
-    return out
 
 
 if __name__ == "__main__":

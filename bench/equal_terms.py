@@ -74,11 +74,11 @@ def process_tree(pid: int) -> dict[str, Any]:
 
     root = psutil.Process(pid)
     procs = [root, *root.children(recursive=True)]
-    out: dict[str, Any] = {"processes": len(procs), "niceness": _joined(p.nice() for p in procs),
+    out: dict[str, Any] = {"processes": len(procs), "niceness": one_value_or_all(p.nice() for p in procs),
                            "process names": ",".join(p.name() for p in procs)}
     envs = [e for e in map(_environ, procs) if e is not None]
     if envs:
-        out.update({var: _joined(e.get(var, "unset") for e in envs) for var in THREAD_ENV})
+        out.update({var: one_value_or_all(e.get(var, "unset") for e in envs) for var in THREAD_ENV})
     return out
 
 
@@ -136,7 +136,7 @@ def _environ(proc) -> dict[str, str] | None:
         return None
 
 
-def _joined(values: Iterable[Any]) -> Any:
+def one_value_or_all(values: Iterable[Any]) -> Any:
     """The one value all processes share, else the distinct values as `a/b`."""
     distinct = sorted(set(values), key=str)
     return distinct[0] if len(distinct) == 1 else "/".join(map(str, distinct)) or "not read back"
