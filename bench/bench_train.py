@@ -30,7 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.equal_terms import busy_threads, one_value_or_all, pooled_setup, print_setups, ratio_line, round_order, thread_times  # noqa: E402
+from bench.equal_terms import (  # noqa: E402
+    busy_threads, one_value_or_all, pooled_setup, print_setups, ratio_line, round_order, thread_times,
+)
 
 WORLD = 2
 RESULT_PREFIX = "BENCH_RESULT "
