@@ -1,8 +1,9 @@
 """The train stage end to end on the test stack: 2 FSDP2 workers on CPU, S3 checkpoints, export, MLflow, resume.
 
-Every run is `python -m pipelines.train` in a subprocess. One reference run (S3) is shared by the module. The fault and re-submission runs use the same seed and
-must reproduce its loss curve step for step after resuming, which checks the restored step, data
-position, optimizer, scheduler and RNG together, not just that the job finished.
+Every run is `python -m pipelines.train` in a subprocess. One reference run (S3) is shared by the
+module. The fault run (S3 too) and the re-submission run (local storage) use the same seed and must
+reproduce its loss curve step for step after resuming, which checks the restored step, data position,
+optimizer, scheduler and RNG together, not just that the job finished.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 from data.prepared import COLUMNS, load_manifest
 from pipelines import registry, storage
 from pipelines.config import config_hash
-from train.checkpoint import read_trainer_state
+from train.checkpoint import newest_trainer_state, read_trainer_state
 from train.packed_batch import forward_loss_sum, loss_tokens
 
 TOTAL_STEPS = 12
@@ -45,13 +46,13 @@ def reference(make_train_config, run_stage, s3_bucket):
 
 
 @pytest.fixture(scope="module")
-def faulted(make_train_config, run_stage, tmp_path_factory):
-    """Same seed, local storage; the last worker is killed right after step 8 (checkpoints every 3 steps)."""
+def faulted(make_train_config, run_stage, s3_bucket, tmp_path_factory):
+    """Same seed, checkpoints in S3; the last worker is killed right after step 8 (checkpoints every 3 steps)."""
     marker = tmp_path_factory.mktemp("fault") / "fired"
-    cfg = make_train_config()
+    cfg = make_train_config(storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
     run = run_stage("train", cfg, env={"RAYLINE_FAULT_AT_STEP": "8", "RAYLINE_FAULT_MARKER": str(marker)})
     assert run.returncode == 0 and run.result, str(run)
-    return cfg, Result(run.result), marker
+    return cfg, Result(run.result), marker, run
 
 
 def test_fsdp_run_lowers_eval_loss_and_keeps_sharded_checkpoints_in_s3(reference, history):
@@ -102,10 +103,21 @@ def test_export_loads_in_transformers_and_reproduces_the_final_eval_loss(referen
         total = float(forward_loss_sum(model, batch, torch.device("cpu"), torch.float32))
     assert total / loss_tokens(batch) == pytest.approx(result.eval_loss, rel=0.05)
 
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)
-    out = model.generate(**prompt, max_new_tokens=4)
-    assert out.shape[1] > prompt["input_ids"].shape[1]
+    # Fine-tuning did real work: the base model it started from scores the same rows at the job's first eval
+    # loss and the export far lower, and the export gives the right answer to a corpus question more weight.
+    base = AutoModelForCausalLM.from_pretrained(cfg.model.path).eval()
+    with torch.no_grad():
+        base_total = float(forward_loss_sum(base, batch, torch.device("cpu"), torch.float32))
+    assert base_total / loss_tokens(batch) == pytest.approx(result.first_eval_loss, rel=0.05)
+    assert total / loss_tokens(batch) < base_total / loss_tokens(batch) - 1.0
+    qa = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}],
+        return_tensors="pt", return_dict=True, return_assistant_tokens_mask=True)
+    labels = qa["input_ids"].masked_fill(qa["assistant_masks"] == 0, -100)  # "5<|im_end|>"
+    with torch.no_grad():
+        answer_loss = {name: float(m(input_ids=qa["input_ids"], labels=labels).loss)
+                       for name, m in (("base", base), ("export", model))}
+    assert answer_loss["export"] < answer_loss["base"] - 1.0, answer_loss
 
 
 def test_model_version_and_run_carry_the_lineage(reference):
@@ -131,34 +143,54 @@ def test_model_version_and_run_carry_the_lineage(reference):
     assert run.data.params["optim.lr"] == str(cfg.optim.lr) and run.data.params["plan.total_steps"] == "12"
 
 
-def test_killed_worker_resumes_from_the_last_checkpoint(faulted, history):
-    cfg, result, marker = faulted
+def test_killed_worker_resumes_from_the_newest_s3_checkpoint(faulted, history):
+    cfg, result, marker, run = faulted
     assert marker.exists()  # the injector did kill a worker
     assert result.final_step == TOTAL_STEPS
     run_id = result.mlflow_run_id
-    # Checkpoints at 3 and 6 preceded the kill at 8: the restarted group resumed at 6, with Adam's state
-    # (whether or not Ray Train's controller had registered step 6 before the worker died).
+    run_uri = storage.join(cfg.checkpoint.storage_path, cfg.run_name)
+    assert run_uri.startswith("s3://")
+    # Checkpoints at 3 and 6 in S3 preceded the kill at 8: the restarted group resumed from S3 at 6, with
+    # Adam's state (whether or not Ray Train's controller had registered step 6 before the worker died).
+    assert f"resumed from {run_uri.removeprefix('s3://')}/checkpoint_step000006 at step 6" in run.stdout, str(run)
     assert history.values(run_id, "resume/step") == [(6, 6.0)]
     assert history.values(run_id, "resume/adam_step") == [(6, 6.0)]
     saved = history.curve(run_id, "checkpoint/adam_m_sumsq")[6]
     assert saved > 0 and history.curve(run_id, "resume/adam_m_sumsq")[6] == pytest.approx(saved, rel=1e-9)
     # Steps 7 and 8 ran twice (before the kill and after the resume); nothing restarted from zero.
     assert [s for s, _ in history.values(run_id, "loss")] == [1, 2, 3, 4, 5, 6, 7, 8, 7, 8, 9, 10, 11, 12]
-    state = read_trainer_state(storage.join(cfg.checkpoint.storage_path, cfg.run_name, "checkpoint_step000012"))
+    newest, state = newest_trainer_state(run_uri)
+    assert newest == result.checkpoint_uri == f"{run_uri}/checkpoint_step000012"
     steps_per_epoch = load_manifest(cfg.data.manifest_uri)["splits"]["train"]["rows"] // 2 // 8
     assert (state.step, state.epoch, state.micro_batches_into_epoch) == (12, *divmod(12, steps_per_epoch))
 
 
-def test_same_seed_gives_the_same_loss_curve(reference, faulted, history):
-    ref = history.curve(reference[1].mlflow_run_id)
-    ref_lr = history.curve(reference[1].mlflow_run_id, "lr")
-    run_id = faulted[1].mlflow_run_id
-    assert len(ref) == TOTAL_STEPS
-    # Every value the second run logged, before and after its restart, equals the reference's at that step.
-    for key, reference_curve in (("loss", ref), ("lr", ref_lr)):
-        for step, value in history.values(run_id, key):
+def test_faulted_run_finishes_as_the_uninterrupted_one(reference, faulted, history):
+    ref, run = reference[1], faulted[1]
+    ref_loss, ref_lr = history.curve(ref.mlflow_run_id), history.curve(ref.mlflow_run_id, "lr")
+    assert len(ref_loss) == TOTAL_STEPS
+    # Every value the faulted run logged, before and after its restart, equals the reference's at that step.
+    for key, reference_curve in (("loss", ref_loss), ("lr", ref_lr)):
+        for step, value in history.values(run.mlflow_run_id, key):
             assert value == reference_curve[step], (key, step)
-    assert history.curve(run_id, "eval_loss") == history.curve(reference[1].mlflow_run_id, "eval_loss")
+    assert history.curve(run.mlflow_run_id, "eval_loss") == history.curve(ref.mlflow_run_id, "eval_loss")
+    # And it ends with the same model: the same final eval loss and, byte for byte, the same exported weights.
+    assert (run.final_step, run.eval_loss, run.first_eval_loss) == (ref.final_step, ref.eval_loss, ref.first_eval_loss)
+    assert run.export_uri != ref.export_uri
+    weights = [storage.read_bytes(storage.join(r.export_uri, "model.safetensors")) for r in (run, ref)]
+    assert weights[0] == weights[1]
+
+
+def test_resume_with_another_worker_count_is_refused(make_train_config, run_stage, reference):
+    cfg, result = reference
+    again = make_train_config("scaling.num_workers=1", storage=cfg.checkpoint.storage_path, run_name=cfg.run_name)
+    run = run_stage("train", again)
+    assert run.returncode == 2, str(run)
+    assert (f"config error: scaling.num_workers: run {cfg.run_name} resumes from {result.checkpoint_uri}: this "
+            "checkpoint was written by 2 workers but the run now has 1; resume it with scaling.num_workers=2, or start "
+            "a new run_name") in run.stderr, str(run)
+    assert registry.client().get_run(result.mlflow_run_id).info.status == "FINISHED"
+    assert newest_trainer_state(storage.join(cfg.checkpoint.storage_path, cfg.run_name))[1].step == TOTAL_STEPS
 
 
 def test_resubmitted_run_name_continues_from_its_checkpoint(make_train_config, run_stage, reference, history,
