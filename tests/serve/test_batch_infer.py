@@ -19,7 +19,7 @@ import pytest
 from pipelines import registry
 from pipelines.config import ConfigError, from_dict, load_config, to_dict
 from serve import engine as eng
-from serve.batch import rows
+from serve.batch import metrics, rows
 from serve.batch.config import Config
 from serve.batch.tracking import EVAL_TAG_PREFIX, TAG_MODEL_NAME, TAG_MODEL_VERSION
 
@@ -257,6 +257,11 @@ def test_models_alias_resolves_to_the_registered_version(run, registered):
     assert {r["model_version"] for r in by_id.values()} == {f"{name}/{version}"}
 
 
+def has_run(words: list[str], run: list[str]) -> bool:
+    """`run` appears in `words` as consecutive whole words."""
+    return any(words[i:i + len(run)] == run for i in range(len(words) - len(run) + 1))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_eval_metrics_come_from_the_outputs_and_land_on_the_model_version(run, registered):
@@ -265,19 +270,28 @@ def test_eval_metrics_come_from_the_outputs_and_land_on_the_model_version(run, r
     # Recompute from the written Parquet with an independent normaliser.
     scored = [r for r in by_id.values() if r["reference"] is not None]
     assert len(scored) == N_GOOD  # the eval records' trailing assistant messages; no other row has a reference
-    norm = lambda s: " ".join((s or "").split()).lower()  # noqa: E731
-    expected = sum(r["output"] is not None and norm(r["output"]) == norm(r["reference"]) for r in scored) / len(scored)
+    words = lambda s: (s or "").lower().split()  # noqa: E731
+    expected = sum(r["output"] is not None and words(r["output"]) == words(r["reference"]) for r in scored) / len(scored)
+    expected_contains = sum(r["output"] is not None and has_run(words(r["output"]), words(r["reference"]))
+                            for r in scored) / len(scored)
     assert result.scores["exact_match"] == pytest.approx(expected)
-    assert 0.0 <= result.scores["contains"] <= 1.0 and result.scores["contains"] >= result.scores["exact_match"]
+    assert result.scores["contains"] == pytest.approx(expected_contains)
+    # The tiny model rarely says the reference, so the scorer must also find one where it is there: references
+    # cut from the real outputs (their last words: contained, not exact) and ones no output holds.
+    answered = [r["output"] for r in by_id.values() if len(words(r["output"])) >= 2]
+    cut = [" ".join(words(o)[1:]) for o in answered] + [o + " zebra-not-said" for o in answered]
+    probe = pa.table({"output": answered * 2, "reference": cut, "task": [None] * len(cut)})
+    assert metrics.score(probe, ["exact_match", "contains"]) == {"scored_rows": len(cut), "exact_match": 0.0, "contains": 0.5}
 
     c = registry.client()
     mv = c.get_model_version(name, version)
     assert float(mv.tags[f"{EVAL_TAG_PREFIX}exact_match"]) == pytest.approx(expected, abs=1e-4)
-    assert f"{EVAL_TAG_PREFIX}contains" in mv.tags
+    assert float(mv.tags[f"{EVAL_TAG_PREFIX}contains"]) == pytest.approx(expected_contains, abs=1e-4)
     assert mv.tags[f"{EVAL_TAG_PREFIX}run_id"] == result.eval_run_id
     assert mv.tags[f"{EVAL_TAG_PREFIX}dataset"] == "sample-corpus-eval"
     eval_run = c.get_run(result.eval_run_id)
     assert eval_run.data.metrics["exact_match"] == pytest.approx(expected)
+    assert eval_run.data.metrics["contains"] == pytest.approx(expected_contains)
     assert eval_run.data.metrics["rows"] == result.rows
     assert eval_run.data.tags[TAG_MODEL_NAME] == name and eval_run.data.tags[TAG_MODEL_VERSION] == version
     assert eval_run.data.tags[registry.TAG_DATASET_VERSION] == "ds-test"
