@@ -263,9 +263,11 @@ def part_rayline(w: dict, work: Path, running_ray: bool = False) -> dict:
         ray.init(address="local", num_cpus=2, include_dashboard=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     engine = {}
-    threading.Thread(target=lambda: engine.update(engine_actor_processes()), daemon=True).start()
+    read_back = threading.Thread(target=lambda: engine.update(engine_actor_processes()), daemon=True)
+    read_back.start()
     result = main(cfg)  # on a running Ray, main's init_ray connects (inside the clock)
     e2e_s = time.monotonic() - t0
+    read_back.join(timeout=60)  # outside the clock; a job shorter than its window leaves the figures out
     ray.shutdown()
     assert result.errors == 0, result
     return {**answer_figures(Path(cfg.output_uri), t0, e2e_s, sum(w["lengths"])), "setup": engine}

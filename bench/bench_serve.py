@@ -6,8 +6,8 @@
 
 Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
 (ignore_eos) from `--concurrency` concurrent clients on loopback, `--rounds` times in alternating order
-(A-B-C, C-B-A: the machine's speed drifts); reported over all rounds: output tokens/s and time to first
-token p50/p99. The servers:
+(A-B-C, C-B-A: the machine's speed drifts; the `vllm defaults` server in the first round only); reported
+over all rounds: output tokens/s and time to first token p50/p99. The servers:
   vllm server    `python -m vllm.entrypoints.openai.api_server` with the engine arguments and the engine
                  environment (`serve.engine.runtime_env`) rayline's serving config gives its engine, so only
                  the serving path differs. Without that environment vLLM on CPU turns the `uni` executor
@@ -227,19 +227,37 @@ class VllmServer:
 
 
 def engine_core_pid(root_pid: int) -> int | None:
-    """The EngineCore process under `root_pid`: the one titled VLLM::EngineCore, else the only child. An
-    EngineCore forked from a Serve replica (serve/engine.py: fork on CPU) keeps the replica's title: vLLM's
-    setproctitle does nothing in a child of a Ray worker."""
+    """The EngineCore process under `root_pid`: the one titled VLLM::EngineCore, else the root's child that
+    has computed most. An EngineCore forked from a Serve replica (serve/engine.py: fork on CPU) keeps the
+    title the replica had when it forked (vLLM's setproctitle does nothing in a child of a Ray worker), and
+    the replica may have other children (helpers Ray or Python start), which compute next to nothing."""
     import psutil
 
-    children = psutil.Process(root_pid).children()
-    for proc in psutil.Process(root_pid).children(recursive=True):
+    root = psutil.Process(root_pid)
+    for proc in root.children(recursive=True):
         try:
             if "VLLM::EngineCore" in " ".join(proc.cmdline()):
                 return proc.pid
         except psutil.Error:
             continue
-    return children[0].pid if len(children) == 1 else None
+    children = []
+    for proc in root.children():
+        try:
+            t = proc.cpu_times()
+            children.append((t.user + t.system, proc.pid))
+        except psutil.Error:
+            continue
+    return max(children)[1] if children else None
+
+
+def _title(proc) -> str:
+    """A process's command line as one string ("" when it has exited or cannot be read)."""
+    import psutil
+
+    try:
+        return " ".join(proc.cmdline()) if proc else ""
+    except psutil.Error:
+        return ""
 
 
 def engine_setup(root_pid: int, logs: list[Path]) -> dict:
@@ -339,7 +357,9 @@ class RaylineApp:
         tag = f"ServeReplica:{self.cfg.app_name}:"
         for proc in psutil.process_iter():
             try:
-                if proc.cmdline()[0].startswith("ray::" + tag) and engine_core_pid(proc.pid):
+                # The replica, not its forked EngineCore (which carries the replica's title too).
+                if (tag in _title(proc) and tag not in _title(proc.parent())
+                        and engine_core_pid(proc.pid)):
                     return proc.pid
             except (psutil.Error, OSError, IndexError):
                 continue
@@ -354,6 +374,11 @@ class RaylineApp:
         worker logs). The environment given is the one the app gives the replica (serve/app.py)."""
         replica = self.replica_pid()
         if replica is None:
+            import psutil
+
+            seen = [f"{p.pid} (parent {p.ppid()}): {title[:80]}" for p in psutil.process_iter()
+                    if "ServeReplica" in (title := _title(p))]
+            print("no engine replica among: " + "; ".join(seen), flush=True)
             return {"engine processes": f"no ServeReplica:{self.cfg.app_name} process with an EngineCore child"}
         given = eng.runtime_env(self.cfg.engine).get("env_vars", {})
         return {**engine_setup(replica, [Path(os.readlink(f"/proc/{replica}/fd/{fd}")) for fd in (1, 2)]),
@@ -466,7 +491,8 @@ def main(argv: list[str] | None = None) -> dict:
         for c in args.concurrency:
             runs: dict[str, list[LoadResult]] = {name: [] for name in results}
             for i, order in enumerate(round_order([VLLM, DEFAULTS, "rayline"], args.rounds)):
-                for name in order:
+                # vLLM's own defaults are a reference point, not equal terms, and ~2.5x slower: one round.
+                for name in (n for n in order if n != DEFAULTS or i == 0):
                     idle = {n: cpu_seconds(s) for n, s in servers.items() if n != name}
                     engine_pid = servers[name].engine_pid()
                     before = thread_times(engine_pid) if engine_pid else {}
