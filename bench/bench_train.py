@@ -6,8 +6,9 @@ Both sides run `train.loop.train_loop` with the model sharded by `train.fsdp` on
 over the prepared sample corpus. rayline runs the train stage's own worker function through
 `train.trainer.build_trainer` (Ray Data shards, Ray Train checkpoints); the baseline is
 `torchrun --nproc_per_node 2` of this file reading the same Parquet files directly, with the torch threads,
-OMP_NUM_THREADS and niceness of Ray's train workers. The timed window is the optimizer steps after
-`--warmup` (eval and checkpoint time excluded on both sides). The sides run --rounds times in A-B-B-A
+OMP_NUM_THREADS and niceness of Ray's train workers. Both write the same DCP checkpoints every `--warmup`
+steps (rayline's then go to Ray Train's storage). The timed window is the optimizer steps after `--warmup`
+(eval and checkpoint time excluded on both sides). The sides run --rounds times in A-B-B-A
 order (the machine's speed drifts) and are pooled: steps over seconds. Each side's effective set-up is
 printed, its workers' processes read back while they train (bench/equal_terms.py); the last line is the
 ratio, given only when the set-ups agree: `rayline vs torchrun: 0.95x`.
@@ -226,8 +227,12 @@ class ParquetBatches:
 
 
 class StepTimes:
-    def __init__(self):
+    """The baseline's loop hooks: step times, and the same DCP checkpoints as rayline's workers write (at the
+    same steps, each rank into a local directory of its own, deleted once written, as Ray's upload does)."""
+
+    def __init__(self, model, optimizer, rank: int, root: Path):
         self.times, self.tokens = {}, {}
+        self.model, self.optimizer, self.rank, self.root = model, optimizer, rank, root
 
     def on_step(self, state, metrics):
         self.times[state.step] = metrics["step_time_s"]
@@ -237,7 +242,11 @@ class StepTimes:
         pass
 
     def on_checkpoint(self, state, metrics):
-        pass
+        from train.checkpoint import checkpoint_name, save_checkpoint
+
+        local = self.root / f"rank{self.rank}" / checkpoint_name(state.step)
+        save_checkpoint(local, self.model, self.optimizer, state, self.rank)
+        shutil.rmtree(local)
 
 
 def torchrun_worker(cfg_path: Path, threads: int) -> None:
@@ -264,7 +273,7 @@ def torchrun_worker(cfg_path: Path, threads: int) -> None:
     optimizer, scheduler = build_optimizer(model, cfg.optim, plan.total_steps)
     from train.checkpoint import TrainerState
 
-    hooks = StepTimes()
+    hooks = StepTimes(model, optimizer, rank, cfg_path.parent / "torchrun-checkpoints")
     train_loop(model, optimizer, scheduler, ParquetBatches(plan.manifest_uri, cfg, rank, world), plan.loop,
                TrainerState(world_size=world), hooks, device, torch.bfloat16 if cfg.bf16 else torch.float32)
     warm = spec["warmup"]
