@@ -149,8 +149,8 @@ def vllm_engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     if cfg.accelerator == "cpu":
         kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
         # The model runs inside EngineCore (vLLM's own default for one worker). Ray Serve LLM would otherwise
-        # add a model-worker process that EngineCore drives step by step over shared memory: on 2 cores,
-        # measured 0.84-0.88x of vLLM's own server's tokens/s with it, 1.09-1.16x without (bench_serve.py).
+        # add a model-worker process that EngineCore drives step by step over shared memory, which on 2 cores
+        # costs the engine a core's share. The serving figures on equal terms (both `uni`) are in the README.
         kwargs["distributed_executor_backend"] = "uni"
     else:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
