@@ -86,43 +86,71 @@ def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, 
     return row, offset, segment, len(fill)
 
 
-def _scatter(input_ids, labels, piece_start, piece_len, dest, segment, rows, seq_len, pad_id) -> PackedRows:
-    total = int(piece_len.sum())
-    within = np.arange(total) - np.repeat(np.cumsum(piece_len) - piece_len, piece_len)
-    src = np.repeat(piece_start, piece_len) + within
-    dst = np.repeat(dest, piece_len) + within
+# Pieces at least this long on average are copied slice by slice (one memcpy per column and piece);
+# shorter ones by index arrays over every token, which costs more per token but less per piece.
+_SLICE_COPY_MIN_MEAN = 32
+
+
+def _scatter(input_ids, labels, piece_start, piece_len, dest_row, offset, segment, rows, seq_len, pad_id,
+             order: np.ndarray | None = None) -> PackedRows:
+    """Copy each piece to (dest_row, offset); with `order` (a permutation of the rows) the result is
+    `PackedRows.take(order)` of the unordered one, without the extra copy."""
+    if order is not None:
+        inverse = np.empty(rows, np.int64)
+        inverse[order] = np.arange(rows)
+        dest_row = inverse[dest_row]
+    dest = dest_row * seq_len + offset
     out = PackedRows(
         np.full(rows * seq_len, pad_id, np.int32), np.full(rows * seq_len, IGNORE, np.int32),
         np.zeros(rows * seq_len, np.int32), np.zeros(rows * seq_len, np.int32),
     )
-    out.input_ids[dst] = input_ids[src]
-    out.labels[dst] = labels[src]
-    out.position_ids[dst] = within
-    out.segment_ids[dst] = np.repeat(segment, piece_len)
+    total = int(piece_len.sum())
+    if len(piece_len) and total >= _SLICE_COPY_MIN_MEAN * len(piece_len):
+        positions = np.arange(seq_len, dtype=np.int32)
+        o_ids, o_labels, o_pos, o_seg = out.input_ids, out.labels, out.position_ids, out.segment_ids
+        for s, n, d, k in zip(piece_start.tolist(), piece_len.tolist(), dest.tolist(), segment.tolist()):
+            o_ids[d:d + n] = input_ids[s:s + n]
+            o_labels[d:d + n] = labels[s:s + n]
+            o_pos[d:d + n] = positions[:n]
+            o_seg[d:d + n] = k
+    elif total:
+        within = np.arange(total) - np.repeat(np.cumsum(piece_len) - piece_len, piece_len)
+        src = np.repeat(piece_start, piece_len) + within
+        dst = np.repeat(dest, piece_len) + within
+        out.input_ids[dst] = input_ids[src]
+        out.labels[dst] = labels[src]
+        out.position_ids[dst] = within
+        out.segment_ids[dst] = np.repeat(segment, piece_len)
     shape = (rows, seq_len)
     return PackedRows(*(a.reshape(shape) for a in (out.input_ids, out.labels, out.position_ids, out.segment_ids)))
 
 
-def pack_sequences(input_ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, seq_len: int,
-                   pad_id: int) -> PackedRows:
-    """Pack examples (flat ids/labels + lengths) into as few seq_len rows as best-fit-decreasing finds."""
+def _check_inputs(name: str, input_ids, labels, lengths) -> tuple[np.ndarray, np.ndarray]:
     input_ids, labels = np.asarray(input_ids, np.int32), np.asarray(labels, np.int32)
     if len(input_ids) != int(np.sum(lengths)) or len(labels) != len(input_ids):
-        raise ValueError(f"pack_sequences: {len(input_ids)} ids and {len(labels)} labels for lengths "
+        raise ValueError(f"{name}: {len(input_ids)} ids and {len(labels)} labels for lengths "
                          f"summing to {int(np.sum(lengths))}")
+    return input_ids, labels
+
+
+def pack_sequences(input_ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, seq_len: int,
+                   pad_id: int, rng: np.random.Generator | None = None) -> PackedRows:
+    """Pack examples (flat ids/labels + lengths) into as few seq_len rows as best-fit-decreasing finds.
+    With `rng` the rows come out in `rng.permutation(rows)` order (best-fit makes them longest-first)."""
+    input_ids, labels = _check_inputs("pack_sequences", input_ids, labels, lengths)
     start, length = split_long(lengths, seq_len)
     row, offset, segment, rows = best_fit_decreasing(length, seq_len)
-    return _scatter(input_ids, labels, start, length, row * seq_len + offset, segment, rows, seq_len, pad_id)
+    order = rng.permutation(rows) if rng is not None else None
+    return _scatter(input_ids, labels, start, length, row, offset, segment, rows, seq_len, pad_id, order)
 
 
 def pad_sequences(input_ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray, seq_len: int,
-                  pad_id: int) -> PackedRows:
-    """One example (or one seq_len piece of a longer one) per row, padded to seq_len."""
-    input_ids, labels = np.asarray(input_ids, np.int32), np.asarray(labels, np.int32)
-    if len(input_ids) != int(np.sum(lengths)) or len(labels) != len(input_ids):
-        raise ValueError(f"pad_sequences: {len(input_ids)} ids and {len(labels)} labels for lengths "
-                         f"summing to {int(np.sum(lengths))}")
+                  pad_id: int, rng: np.random.Generator | None = None) -> PackedRows:
+    """One example (or one seq_len piece of a longer one) per row, padded to seq_len; `rng` as for
+    `pack_sequences`."""
+    input_ids, labels = _check_inputs("pad_sequences", input_ids, labels, lengths)
     start, length = split_long(lengths, seq_len)
     rows = len(length)
-    return _scatter(input_ids, labels, start, length, np.arange(rows) * seq_len, np.ones(rows, np.int64),
-                    rows, seq_len, pad_id)
+    order = rng.permutation(rows) if rng is not None else None
+    return _scatter(input_ids, labels, start, length, np.arange(rows), np.zeros(rows, np.int64),
+                    np.ones(rows, np.int64), rows, seq_len, pad_id, order)

@@ -141,9 +141,9 @@ def build_shard(group: pa.Table, backend, plan: ShardPlan, token_bytes: np.ndarr
         mine = split == code
         token_mine = np.repeat(mine, lengths)
         pack = pack_sequences if plan.packing == "pack" else pad_sequences
-        packed = pack(ids[token_mine], labels[token_mine], lengths[mine], plan.seq_len, plan.pad_id)
         # Rows come out longest-first from best-fit; a seeded permutation spreads them again.
-        packed = packed.take(np.random.default_rng([plan.seed % 2**32, shard_key, code]).permutation(packed.rows))
+        packed = pack(ids[token_mine], labels[token_mine], lengths[mine], plan.seq_len, plan.pad_id,
+                      rng=np.random.default_rng([plan.seed % 2**32, shard_key, code]))
         stats["splits"][name] = {"rows": packed.rows, "examples": int(mine.sum()), "tokens": packed.tokens,
                                  "loss_tokens": packed.loss_tokens}
         if packed.rows:

@@ -49,9 +49,11 @@ class Skeleton:
 
     def render(self, contents: list[str]) -> tuple[str, list[int]]:
         starts = [0]
-        for piece, content in zip(self.pieces, contents):
+        parts = [self.pieces[0]]
+        for piece, content, after in zip(self.pieces, contents, self.pieces[1:]):
             starts.append(starts[-1] + len(piece) + len(content))
-        text = self.pieces[0] + "".join(c + p for c, p in zip(contents, self.pieces[1:]))
+            parts += (content, after)
+        text = "".join(parts)  # one copy of the contents, not one per piece
         flat = [starts[k] + o for k, o in self.boundaries]
         return text, [pos for s, e in zip(flat[::2], flat[1::2]) if e > s for pos in (s, e)]
 

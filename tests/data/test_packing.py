@@ -148,3 +148,17 @@ def test_best_fit_puts_each_piece_in_the_tightest_row():
 def test_mismatched_inputs_are_refused():
     with pytest.raises(ValueError, match="3 ids"):
         pack_sequences(np.arange(3), np.arange(3), np.array([4]), 8, PAD)
+
+
+@pytest.mark.parametrize("fn", [pack_sequences, pad_sequences])
+@pytest.mark.parametrize("lengths", [[40, 30, 70, 50, 64, 12, 33], [1, 2, 1, 3] * 20])
+def test_rng_order_is_take_of_a_permutation(fn, lengths):
+    """Long pieces take the slice-copy path, short ones the index path; either way `rng` gives the rows
+    of the unordered result in `rng.permutation(rows)` order, nothing else changed."""
+    ids, labels, lens = make_examples(lengths)
+    plain = fn(ids, labels, lens, 64, PAD)
+    ordered = fn(ids, labels, lens, 64, PAD, rng=np.random.default_rng(3))
+    expected = plain.take(np.random.default_rng(3).permutation(plain.rows))
+    for name in ("input_ids", "labels", "position_ids", "segment_ids"):
+        np.testing.assert_array_equal(getattr(ordered, name), getattr(expected, name))
+    check_lossless(ordered, ids, labels, lens, 64)
