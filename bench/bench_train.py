@@ -4,7 +4,8 @@
 
 Both sides run `train.loop.train_loop` with the model sharded by `train.fsdp` on 2 CPU workers (gloo)
 over the prepared sample corpus. rayline runs the train stage's own worker function through
-`train.trainer.build_trainer` (Ray Data shards, Ray Train checkpoints); the baseline is
+`train.trainer.build_trainer` (Ray Data shards of both splits materialized before the run, as
+configs/train/tiny.yaml has it, so each side holds the data in memory; Ray Train checkpoints); the baseline is
 `torchrun --nproc_per_node 2` of this file reading the same Parquet files directly, with the torch threads,
 OMP_NUM_THREADS and niceness of Ray's train workers. Both write the same DCP checkpoints every `--warmup`
 steps (rayline's then go to Ray Train's storage). The timed window is the optimizer steps after `--warmup`
@@ -74,7 +75,7 @@ def train_config(work: Path, manifest_uri: str, args, run_name: str):
         f"run_name={run_name}", f"model.path={work / 'small-model'}", f"data.manifest_uri={manifest_uri}",
         f"checkpoint.storage_path={work / 'runs'}", "mlflow.register_as=", f"train.max_steps={args.steps}",
         f"train.micro_batch_size={args.micro_batch}", f"train.checkpoint_every_steps={args.warmup}",
-        f"train.eval_every_steps={args.steps}", "train.eval_batch_size=8", "data.materialize=[eval]",
+        f"train.eval_every_steps={args.steps}", "train.eval_batch_size=8", "data.materialize=[train, eval]",
         # Every checkpoint's metrics carry the cumulative step time; keep them all so the warmup one survives.
         f"scaling.num_workers={WORLD}", f"checkpoint.num_to_keep={args.steps // args.warmup + 1}",
     ])
