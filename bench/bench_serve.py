@@ -25,15 +25,12 @@ comparison; rayline vs vllm server only when the set-ups agree on MUST_MATCH.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 from bench.equal_terms import (  # noqa: E402
     THREAD_ENV, busy_threads, print_setups, ratio_line, round_order, thread_times,
 )
+from bench.serve_load import LoadResult, combine, run_load  # noqa: E402
 from bench.serve_setup import engine_core_pid, engine_setup, resolve_scheduler, title  # noqa: E402
 from pipelines.config import from_dict, to_dict  # noqa: E402
-from pipelines.sample_corpus import WORDS  # noqa: E402
 from serve import engine as eng  # noqa: E402
 from serve.app import ServedModel, render_serve_config  # noqa: E402
 from serve.deploy_target import LocalServe  # noqa: E402
@@ -73,82 +70,6 @@ MUST_MATCH = ["executor", "engine processes", "engine niceness", "engine busy th
               "KV cache tokens", "stats logging"]
 VLLM = "vllm server"
 DEFAULTS = "vllm serve, its own defaults (not equal terms)"
-
-
-@dataclass
-class LoadResult:
-    concurrency: int
-    requests: int
-    tokens_per_s: float
-    ttft_p50: float
-    ttft_p99: float
-    failed: int
-    ttfts: list[float] = field(default_factory=list, repr=False)
-    tokens: int = 0
-    wall_s: float = 0.0
-
-
-def combine(results: list[LoadResult]) -> LoadResult:
-    """Several rounds of one server at one concurrency as one result: tokens over time, TTFTs pooled."""
-    ttfts = [t for r in results for t in r.ttfts]
-    tokens, wall = sum(r.tokens for r in results), sum(r.wall_s for r in results)
-    return LoadResult(results[0].concurrency, sum(r.requests for r in results), tokens / wall,
-                      percentile(ttfts, 0.5), percentile(ttfts, 0.99), sum(r.failed for r in results), ttfts, tokens, wall)
-
-
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
-
-
-async def _one(client, url: str, prompt: str, max_tokens: int) -> tuple[float, int]:
-    """One streamed completion -> (time to first token, output tokens)."""
-    body = {"model": "rayline", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
-    start, ttft, last = time.perf_counter(), None, ""
-    async with client.stream("POST", f"{url}/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if ttft is None:
-                ttft = time.perf_counter() - start
-            last = line
-    usage = json.loads(last[len("data: "):]).get("usage") or {}
-    return ttft or float("nan"), int(usage.get("completion_tokens", 0))
-
-
-async def _load(url: str, concurrency: int, requests: int, max_tokens: int) -> LoadResult:
-    import httpx
-
-    prompts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(32)) for i in range(requests)]
-    queue: asyncio.Queue = asyncio.Queue()
-    for p in prompts:
-        queue.put_nowait(p)
-    ttfts, tokens, failed = [], [], 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
-        async def worker():
-            nonlocal failed
-            while not queue.empty():
-                prompt = queue.get_nowait()
-                try:
-                    ttft, n = await _one(client, url, prompt, max_tokens)
-                    ttfts.append(ttft)
-                    tokens.append(n)
-                except Exception:
-                    failed += 1
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-    return LoadResult(concurrency, requests, sum(tokens) / wall, percentile(ttfts, 0.5), percentile(ttfts, 0.99), failed,
-                      ttfts, sum(tokens), wall)
-
-
-def run_load(url: str, concurrency: int, requests: int, max_tokens: int) -> LoadResult:
-    asyncio.run(_load(url, min(4, concurrency), min(8, requests), 16))  # warm-up: connections, caches
-    return asyncio.run(_load(url, concurrency, requests, max_tokens))
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
