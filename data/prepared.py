@@ -52,4 +52,6 @@ def read_split(manifest_uri: str, split: str = "train") -> ray.data.Dataset:
     if info["rows"] == 0:
         return ray.data.from_arrow(ROW_SCHEMA.empty_table())
     fs, path = storage.resolve(info["path"])
-    return ray.data.read_parquet(path, filesystem=fs, file_extensions=["parquet"]).select_columns(list(COLUMNS))
+    from pipelines.ray_cluster import read_parquet
+
+    return read_parquet(path, filesystem=fs, file_extensions=["parquet"]).select_columns(list(COLUMNS))

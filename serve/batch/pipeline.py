@@ -26,7 +26,7 @@ import ray
 import ray.data
 
 from pipelines import storage
-from pipelines.ray_cluster import init_ray
+from pipelines.ray_cluster import init_ray, read_parquet
 from serve import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
@@ -107,7 +107,7 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
             override_num_blocks=blocks,
         )
     else:
-        ds = ray.data.read_parquet(path, filesystem=fs, num_cpus=cfg.cpu_stage_num_cpus, override_num_blocks=blocks)
+        ds = read_parquet(path, filesystem=fs, num_cpus=cfg.cpu_stage_num_cpus, override_num_blocks=blocks)
     return ds.limit(cfg.limit) if cfg.limit else ds
 
 
