@@ -63,8 +63,9 @@ def test_validator_takes_parquet_rows_as_ray_data_hands_them_to_the_engine_stage
     """Parquet rows reach the engine stage wrapped by ray.data.llm's preprocess, nested values as numpy
     arrays: the validator sees the same requests as from JSON."""
     import pyarrow.parquet as pq
-    import ray.data
     from ray.llm._internal.batch.stages.base import wrap_preprocess
+
+    from pipelines.ray_cluster import read_parquet  # the batch stage's reader
 
     records = [
         {"id": "chat", "messages": [{"role": "user", "content": "Is 3 even or odd?"},
@@ -81,7 +82,7 @@ def test_validator_takes_parquet_rows_as_ray_data_hands_them_to_the_engine_stage
     def as_engine_stage(batch):
         return {"request": [json.dumps(r) for r in v.requests(batch["__data"])]}
 
-    ds = ray.data.read_parquet(str(tmp_path / "p.parquet")).map(wrap_preprocess(lambda r: {}, "__data"))
+    ds = read_parquet(str(tmp_path / "p.parquet")).map(wrap_preprocess(lambda r: {}, "__data"))
     got = {r["id"]: r for r in (json.loads(x["request"]) for x in ds.map_batches(as_engine_stage).take_all())}
     want = {r["id"]: v.request(json.loads(json.dumps(r))) for r in records}
     assert got == want
