@@ -34,7 +34,7 @@ from data.tokens import (
     read_tokenizer_files,
     tokenizer_identity,
 )
-from pipelines import storage
+from pipelines import metrics, storage
 from pipelines.ray_cluster import cluster_cpus, init_ray
 
 
@@ -117,6 +117,19 @@ def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePl
         context.shuffle_strategy = saved
 
 
+def record_metrics(cfg: Config, manifest: dict, wall_s: float) -> None:
+    """The run's counts as rayline's Prometheus metrics (pipelines/metrics.py), labelled by dataset and version."""
+    tags = {"dataset": storage.basename(cfg.output_uri), "version": manifest["version"]}
+    counts, splits = manifest["counts"], manifest["splits"]
+    metrics.inc("rayline_data_records_read", counts["read"], **tags)
+    metrics.inc("rayline_data_records_deduplicated", counts["deduplicated"], **tags)
+    for reason, n in counts["rejected_by_reason"].items():
+        metrics.inc("rayline_data_records_rejected", n, reason=reason, **tags)
+    for split, s in splits.items():
+        metrics.inc("rayline_data_tokens_written", s["tokens"], split=split, **tags)
+    metrics.observe("rayline_data_duration_seconds", wall_s, **tags)
+
+
 def main(cfg: Config) -> Result:
     """Prepare (or find already prepared) the dataset version for `cfg`; see the module docstring."""
     t0 = time.perf_counter()
@@ -165,5 +178,6 @@ def main(cfg: Config) -> Result:
         mf.write_manifest(manifest, manifest_uri)
         if run_id:
             tracking.log_manifest(manifest_uri)
+    record_metrics(cfg, manifest, wall_s)
     return Result(version, manifest_uri, version_uri, manifest["counts"], manifest["splits"],
                   manifest["packing_efficiency"], wall_s=wall_s, mlflow_run_id=run_id, manifest=manifest)

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,9 @@ class DemoResult:
     answer: str
     served_by: str
     total_s: float = 0.0
+    started_at: float = 0.0
+    """Unix time the demo started: the window its metrics lie in."""
+    train_run_name: str = ""
 
 
 class StageFailed(RuntimeError):
@@ -206,7 +210,7 @@ def chat(base_url: str, question: str) -> tuple[str, str]:
 
 
 def main(cfg: DemoConfig) -> DemoResult:
-    t0 = step("stack up (Ray head, MLflow)")
+    t0 = step("stack up (Ray head, MLflow, Prometheus)")
     scfg = from_dict(stack.StackConfig, {"state_dir": cfg.state_dir, **cfg.stack_overrides}, "demo")
     stack.up(scfg)
     os.environ.update(stack.env_vars(scfg))
@@ -291,13 +295,26 @@ def main(cfg: DemoConfig) -> DemoResult:
         tune_model_version=parent.data.tags.get("rayline.model_version", ""),
         best_params=best_params, train_run_id=train_run.info.run_id, model_name=cfg.model_name,
         model_version=version, exact_match=scores, rollout_s=rollout_s, question=question, answer=answer,
-        served_by=served, total_s=time.time() - t0)
+        served_by=served, total_s=time.time() - t0, started_at=t0, train_run_name=run_name)
     print_summary(result, scfg)
     return result
 
 
 def scfg_serve_url(scfg: stack.StackConfig) -> str:
     return stack.env_vars(scfg)["RAYLINE_SERVE_URL"]
+
+
+def figure_queries(r: DemoResult) -> dict[str, str]:
+    """The PromQL behind the summary's figures (names as Prometheus sees them: pipelines/metrics.py)."""
+    return {
+        "records read": f'sum(ray_rayline_data_records_read_total{{version="{r.dataset_version}"}})',
+        "training tok/s": f'max(ray_rayline_train_tokens_per_second{{run="{r.train_run_id}"}})',
+        "training loss": f'max(ray_rayline_train_loss{{run="{r.train_run_id}"}})',
+        "eval rows": 'sum by (run, model) (ray_rayline_batch_rows_done_total{mode="eval"})',
+        "rollout time": f'sum by (outcome) (ray_rayline_rollout_duration_seconds_sum{{model="{r.model_name}"}})',
+        "served version": f'sum by (model, version) (ray_rayline_served_version{{model="{r.model_name}"}})',
+        "TTFT p50": "histogram_quantile(0.5, sum by (le) (rate(ray_vllm_time_to_first_token_seconds_bucket[1m])))",
+    }
 
 
 def print_summary(r: DemoResult, scfg: stack.StackConfig) -> None:
@@ -320,6 +337,11 @@ def print_summary(r: DemoResult, scfg: stack.StackConfig) -> None:
           f"Promote another version: MLflow UI -> Models -> {r.model_name} -> a version -> Aliases -> add "
           f"`{registry.DEFAULT_ALIAS}`;\nthen `python -m pipelines.rollout --config configs/rollout/tiny.yaml` rolls it "
           f"out once, or add `--watch` to follow the alias (polling, or MLflow webhooks with webhook_port set).")
+    if "RAYLINE_PROMETHEUS_URL" in stack.env_vars(scfg):
+        url = stack.env_vars(scfg)["RAYLINE_PROMETHEUS_URL"]
+        print(f"\nMetrics (Prometheus at {url}; dashboards in observability/grafana/): the figures above as queries")
+        for figure, expr in figure_queries(r).items():
+            print(f"  {figure:18} {expr}\n  {'':18} {url}/graph?g0.expr={urllib.parse.quote(expr)}&g0.range_input=1h")
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""The embedded local platform: a Ray head, an MLflow tracking server and (with --s3) a Swift S3 store.
+"""The embedded local platform: a Ray head, an MLflow tracking server, Prometheus (where installed) and (with
+--s3) a Swift S3 store.
 
     python -m pipelines.stack up [--s3] [key=value ...]   start what is not running, wait for health
     python -m pipelines.stack status                      one line per part
@@ -7,7 +8,8 @@
 
 Everything binds to 127.0.0.1 and lives under the state dir (default `.rayline/`): process ids and
 the config in `stack.json`, logs in `logs/`, the MLflow SQLite store and artifacts in `mlflow/`, the
-Ray auth token in `ray_auth_token`, Swift's rings and objects in `swift/`. Each process runs in the
+Ray auth token in `ray_auth_token`, Swift's rings and objects in `swift/`, Prometheus's config and TSDB in
+`prometheus/` (pipelines/prometheus.py). Each process runs in the
 foreground of its own session, so `down` can stop exactly the processes it started.
 """
 
@@ -27,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines import objectstore
+from pipelines import objectstore, prometheus
 from pipelines.config import ConfigError, apply_overrides, from_dict, require, to_dict
 from pipelines.ray_env import SERVE_PROCESS_ENV
 
@@ -57,15 +59,25 @@ class StackConfig:
     memcached_port: int = 11211
     bucket: str = "rayline"
     """Bucket created at start when s3 is on."""
+    prometheus: bool = True
+    """Also run Prometheus, scraping every Ray node, MLflow and itself; skipped, with the reason, where the
+    `prometheus` package is not installed."""
+    prometheus_port: int = 9095
+    """Not 9090: where the Debian package installs a system Prometheus service of its own."""
+    metrics_export_port: int = 8085
+    """Where the Ray node's metrics agent serves Prometheus metrics (Ray's, Serve's, vLLM's, rayline's)."""
+    scrape_interval_s: float = 5.0
     timeout_s: int = 120
 
     def __post_init__(self):
         for name in ("ray_port", "dashboard_port", "ray_client_port", "serve_port", "mlflow_port", "s3_port",
-                     "memcached_port", "dashboard_agent_port", "min_worker_port", "max_worker_port"):
+                     "memcached_port", "dashboard_agent_port", "min_worker_port", "max_worker_port", "prometheus_port",
+                     "metrics_export_port"):
             require(0 < getattr(self, name) < 65536, name, "must be a TCP port (1-65535)")
         require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
+        require(self.scrape_interval_s > 0, "scrape_interval_s", "must be > 0")
         require(self.min_worker_port < self.max_worker_port, "min_worker_port", "must be below max_worker_port")
-        for name in ("ray_port", "dashboard_port", "ray_client_port", "dashboard_agent_port"):
+        for name in ("ray_port", "dashboard_port", "ray_client_port", "dashboard_agent_port", "metrics_export_port"):
             port = getattr(self, name)
             require(not self.min_worker_port <= port <= self.max_worker_port, name,
                     f"{port} falls in the worker port range {self.min_worker_port}-{self.max_worker_port}")
@@ -90,10 +102,16 @@ def _python() -> str:
 
 
 def _ports(cfg: StackConfig) -> dict[str, list[int]]:
-    ports = {"ray": [cfg.ray_port, cfg.dashboard_port, cfg.ray_client_port, cfg.dashboard_agent_port], "mlflow": [cfg.mlflow_port]}
+    ports = {"ray": [cfg.ray_port, cfg.dashboard_port, cfg.ray_client_port, cfg.dashboard_agent_port, cfg.metrics_export_port],
+             "mlflow": [cfg.mlflow_port], "prometheus": [cfg.prometheus_port]}
     if cfg.s3:
         ports["s3"] = [cfg.s3_port, cfg.memcached_port, *objectstore.backend_ports(cfg.s3_port).values()]
     return ports
+
+
+def runs_prometheus(cfg: StackConfig) -> bool:
+    """Prometheus is on in the config and installed here (`up` says why when it is on but cannot run)."""
+    return cfg.prometheus and prometheus.available() is None
 
 
 def port_busy(port: int) -> bool:
@@ -134,6 +152,8 @@ def env_vars(cfg: StackConfig) -> dict[str, str]:
     if cfg.s3:
         env.update(objectstore.s3_env(cfg.s3_port))
         env["RAYLINE_BUCKET"] = cfg.bucket
+    if runs_prometheus(cfg):
+        env["RAYLINE_PROMETHEUS_URL"] = f"http://127.0.0.1:{cfg.prometheus_port}"
     return env
 
 
@@ -147,7 +167,7 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
         "--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}",
         f"--ray-client-server-port={cfg.ray_client_port}", f"--dashboard-agent-listen-port={cfg.dashboard_agent_port}",
         f"--min-worker-port={cfg.min_worker_port}", f"--max-worker-port={cfg.max_worker_port}", "--include-dashboard=true", "--disable-usage-stats",
-        f"--num-cpus={cfg.num_cpus or os.cpu_count()}",
+        f"--num-cpus={cfg.num_cpus or os.cpu_count()}", f"--metrics-export-port={cfg.metrics_export_port}",
     ]
     # Job entrypoints say `python ...`: that must be this environment's Python. Workers import the
     # project's packages; jobs get a working_dir, local drivers rely on PYTHONPATH.
@@ -157,10 +177,14 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
                "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port), **SERVE_PROCESS_ENV}
     if cfg.s3:
         ray_env.update(objectstore.s3_env(cfg.s3_port))
+    if runs_prometheus(cfg):
+        # The Ray dashboard's metrics views read this Prometheus.
+        ray_env["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{cfg.prometheus_port}"
     mlflow_argv = [
         _python(), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(cfg.mlflow_port),
         "--backend-store-uri", f"sqlite:///{st / 'mlflow' / 'mlflow.db'}",
         "--artifacts-destination", str(st / "mlflow" / "artifacts"), "--workers", "1",
+        "--expose-prometheus", str(st / "mlflow" / "metrics"),
     ]
     specs = {
         "ray": [("ray-head", ray_argv, ray_env)],
@@ -169,6 +193,9 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
     }
     if cfg.s3:
         specs["s3"] = [(n, a, {}) for n, a in objectstore.prepare(st, cfg.s3_port, cfg.memcached_port)]
+    if runs_prometheus(cfg):
+        specs["prometheus"] = [("prometheus", prometheus.prepare(st, cfg.prometheus_port, cfg.mlflow_port,
+                                                                   cfg.scrape_interval_s), {})]
     return specs
 
 
@@ -180,7 +207,25 @@ def part_healthy(cfg: StackConfig, part: str) -> bool:
         return _http_ok(f"http://127.0.0.1:{cfg.mlflow_port}/health")
     if part == "s3":
         return objectstore.healthy(cfg.s3_port)
+    if part == "prometheus":
+        return prometheus.healthy(cfg.prometheus_port)
     raise ValueError(part)
+
+
+def ray_session_dir(pids: Iterable[int]) -> str | None:
+    """The session dir of the Ray node started by `ray start` in the process session `pid` (from its processes'
+    `--session-dir=` arguments), or None while it is still starting."""
+    for sid in pids:
+        for pid in session_members(sid):
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for arg in args:
+                for flag in (b"--session-dir=", b"--session_dir="):
+                    if arg.startswith(flag):
+                        return arg[len(flag):].decode()
+    return None
 
 
 def _read_state(state: Path) -> dict:
@@ -217,8 +262,8 @@ def _spawn(state: Path, name: str, argv: list[str], extra_env: dict[str, str]) -
 
 
 def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
-    """Start every part (or only `parts`: "ray", "mlflow", "s3") that is not already healthy; wait until each
-    answers. Idempotent."""
+    """Start every part (or only `parts`: "ray", "mlflow", "s3", "prometheus") that is not already healthy;
+    wait until each answers. Idempotent. `notes` in the result says why a part that is on did not start."""
     state = cfg.state
     state.mkdir(parents=True, exist_ok=True)
     (state / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
@@ -231,6 +276,9 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
         reason = objectstore.available()
         if reason:
             raise RuntimeError(f"--s3: {reason}")
+    notes = []
+    if cfg.prometheus and prometheus.available() and (parts is None or "prometheus" in parts):
+        notes.append(f"prometheus not started: {prometheus.available()}")
     data = _read_state(state)
     data["config"] = to_dict(cfg)
     to_start = [part for part in specs if not part_healthy(cfg, part)]
@@ -263,7 +311,11 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
             time.sleep(0.5)
     if "s3" in specs:
         objectstore.ensure_bucket(cfg.bucket, cfg.s3_port)
-    return {"started": started, "state_dir": str(state)}
+    if "prometheus" in specs and "ray-head" in data["pids"]:
+        session = ray_session_dir([data["pids"]["ray-head"]])
+        if session:
+            prometheus.link_ray_targets(state, session)
+    return {"started": started, "state_dir": str(state), "notes": notes}
 
 
 def session_members(sid: int) -> list[int]:
@@ -319,6 +371,8 @@ def _specs_for_status(cfg: StackConfig) -> dict[str, list[str]]:
     parts = {"ray": ["ray-head"], "mlflow": ["mlflow"]}
     if cfg.s3:
         parts["s3"] = _read_state(cfg.state).get("parts", {}).get("s3", [])
+    if runs_prometheus(cfg):
+        parts["prometheus"] = ["prometheus"]
     return parts
 
 
@@ -327,6 +381,7 @@ def urls(cfg: StackConfig) -> dict[str, str]:
         "Ray dashboard": f"http://127.0.0.1:{cfg.dashboard_port}",
         "MLflow UI": f"http://127.0.0.1:{cfg.mlflow_port}",
         "OpenAI endpoint": f"http://127.0.0.1:{cfg.serve_port}/v1",
+        **({"Prometheus": f"http://127.0.0.1:{cfg.prometheus_port}"} if runs_prometheus(cfg) else {}),
     }
 
 
@@ -344,7 +399,7 @@ def load_stack_config(state_dir: str | None, overrides: list[str], s3: bool | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="rayline's embedded local platform (Ray head, MLflow, Swift S3)")
+    p = argparse.ArgumentParser(description="rayline's embedded local platform (Ray head, MLflow, Prometheus, Swift S3)")
     p.add_argument("command", choices=["up", "down", "status", "env"])
     p.add_argument("--s3", action="store_true", help="also run the Swift S3-compatible object store")
     p.add_argument("--state-dir", default=None, help="state directory (default .rayline)")
@@ -358,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stack up failed: {e}", file=sys.stderr)
             return 1
         print(f"stack up ({', '.join(result['started']) or 'already running'}); state in {result['state_dir']}")
+        for note in result["notes"]:
+            print(f"  note: {note}")
         for name, url in urls(cfg).items():
             print(f"  {name:16} {url}")
         print(f"  shell setup      eval \"$(python -m pipelines.stack env --state-dir {cfg.state_dir})\"")

@@ -78,6 +78,11 @@ def resolve(uri: str | Path) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(uri)
 
 
+def basename(uri: str) -> str:
+    """The last path component of a local path or URI (`s3://b/data/arith/` -> `arith`)."""
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
 def join(uri: str, *parts: str) -> str:
     """Join path parts onto a URI, keeping its scheme."""
     uri = str(uri)

@@ -81,6 +81,12 @@ def _container(name: str, profile: Profile, cpu: str, memory: str, gpus: int, en
     return c
 
 
+# Where each Ray node's metrics agent serves Prometheus metrics (Ray's, Serve's, vLLM's and rayline's own);
+# the port is named so a PodMonitor (rayjobs/monitoring.py) can select it.
+METRICS_PORT = ("metrics", 8080)
+POD_LABELS = {"app.kubernetes.io/name": "rayline"}
+
+
 def _pod(container: dict, profile: Profile, gpu: bool, accelerator_type: str | None = None) -> dict:
     spec = {
         "serviceAccountName": profile.service_account,
@@ -91,27 +97,29 @@ def _pod(container: dict, profile: Profile, gpu: bool, accelerator_type: str | N
     if gpu:
         spec["nodeSelector"] = profile.gpu.node_selector(accelerator_type)
         spec["tolerations"] = [dict(t) for t in profile.gpu.tolerations]
-    return copy.deepcopy({"spec": spec})
+    return copy.deepcopy({"metadata": {"labels": POD_LABELS}, "spec": spec})
 
 
 def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = None, serve: bool = False) -> dict:
     """A RayCluster spec: a head that carries no work (num-cpus 0) and one worker group sized by `shape`.
     A serving cluster's pods also carry Serve's request-path settings (SERVE_PROCESS_ENV)."""
     envs = _env(profile, {**SERVE_PROCESS_ENV, **(env or {})} if serve else env)
-    head_ports = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001)] + ([("serve", 8000)] if serve else [])
+    head_ports = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), METRICS_PORT] + (
+        [("serve", 8000)] if serve else [])
     head = _container("ray-head", profile, profile.head.cpu, profile.head.memory, 0, envs, head_ports)
     if shape.gpu:
         cpu, memory, group = shape.cpus_per_worker or profile.gpu.cpu, profile.gpu.memory, "gpu-workers"
     else:
         cpu, memory, group = shape.cpus_per_worker or profile.cpu_worker.cpu, profile.cpu_worker.memory, "cpu-workers"
-    worker = _container("ray-worker", profile, cpu, memory, shape.gpus_per_worker, envs)
+    worker = _container("ray-worker", profile, cpu, memory, shape.gpus_per_worker, envs, [METRICS_PORT])
+    metrics_params = {"metrics-export-port": str(METRICS_PORT[1])}
     min_workers = shape.workers if shape.min_workers is None else shape.min_workers
     worker_group = {
         "groupName": group,
         "replicas": shape.workers,
         "minReplicas": min_workers,
         "maxReplicas": shape.workers,
-        "rayStartParams": {},
+        "rayStartParams": dict(metrics_params),
         "template": _pod(worker, profile, shape.gpu, shape.accelerator_type),
     }
     spec = {
@@ -119,7 +127,7 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
         "authOptions": {"mode": "token"},
         "headGroupSpec": {
             "serviceType": "ClusterIP",
-            "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+            "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", **metrics_params},
             "template": _pod(head, profile, False),
         },
         "workerGroupSpecs": [worker_group],

@@ -167,7 +167,8 @@ def build_app(args: dict[str, Any]):
         from serve.llm_hooks import RaylineServer
 
         return build_llm_deployment(
-            llm, name_prefix="LLMServer:", deployment_cls=serve.ingress()(RaylineServer), bind_kwargs={"rayline": rayline}
+            llm, name_prefix="LLMServer:", deployment_cls=serve.ingress()(RaylineServer),
+            bind_kwargs={"rayline": rayline, "request_metrics": cfg.request_metrics}
         )
     return build_openai_app({
         "llm_configs": [llm],

@@ -16,6 +16,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard, Op
 from ray.serve.llm import LLMServer
 from ray.serve.llm.ingress import OpenAiIngress
 
+from pipelines import metrics
 from serve.engine import apply_engine_core_start
 
 
@@ -68,14 +69,47 @@ class RaylineServer(LLMServer):
     `rayline` (bound at build time) is the pinned model: {name, version, alias, source, ref, label}.
     """
 
-    async def __init__(self, llm_config, *, rayline: dict[str, Any] | None = None, **kwargs):
+    async def __init__(self, llm_config, *, rayline: dict[str, Any] | None = None, request_metrics: bool = True,
+                       **kwargs):
         self._rayline = dict(rayline or {})
+        self._request_metrics = request_metrics
         await super().__init__(llm_config, **kwargs)
 
     async def __serve_build_asgi_app__(self):
         app = await super().__serve_build_asgi_app__()
         add_version_to_model_routes(app, self._llm_config.model_id, self._rayline)
+        tags = served_tags(self._llm_config.model_id, self._rayline)
+        metrics.gauge("rayline_served_version", 1, **tags)
+        if self._request_metrics:
+            app.add_middleware(CountResponses, tags={k: tags[k] for k in ("app", "model", "version")})
         return app
+
+
+def served_tags(model_id: str, rayline: dict[str, Any]) -> dict[str, str]:
+    """Labels of this replica's serving metrics: its Serve app, the served model id and the pinned version."""
+    from ray import serve
+
+    return {"app": serve.get_replica_context().app_name, "served_model": model_id,
+            "model": rayline.get("name") or rayline.get("ref") or model_id, "version": str(rayline.get("version") or "")}
+
+
+class CountResponses:
+    """ASGI middleware: one `rayline_serve_requests` count per HTTP response, by status code. It only looks at the
+    response's start message, so streamed chunks pass through untouched."""
+
+    def __init__(self, app, tags: dict[str, str]):
+        self.app, self.tags = app, tags
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                metrics.inc("rayline_serve_requests", 1, code=str(message["status"]), **self.tags)
+            await send(message)
+
+        return await self.app(scope, receive, counting_send)
 
 
 class RaylineIngress(OpenAiIngress):

@@ -22,8 +22,9 @@ from pathlib import Path
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from pipelines import registry
+from pipelines import metrics, registry
 from pipelines.config import load_config
+from pipelines.ray_cluster import init_ray, ray_job_id
 from serve import rollout_record as rec
 from serve.app import ServedModel, render_serve_config, resolve_served_model, served_model_of
 from serve.deploy_target import DeployError, KubeRayService, LocalServe
@@ -187,6 +188,9 @@ class Rollout:
         result.seconds = time.time() - start
         mlflow.log_metric("duration_s", result.seconds)
         mlflow.set_tags({rec.TAG_STATUS: result.status, "rollout.reason": result.reason[: rec.MAX_REASON]})
+        if result.status not in (UNCHANGED, SKIPPED):
+            metrics.inc("rayline_rollouts", 1, model=result.model, outcome=result.status)
+            metrics.observe("rayline_rollout_duration_seconds", result.seconds, model=result.model, outcome=result.status)
         log.info(result.line())
         return result
 
@@ -240,6 +244,8 @@ class Rollout:
 
 def main(cfg: Config) -> RolloutResult | list[RolloutResult]:
     """One rollout attempt, or with `watch` the attempts made until stopped (Ctrl-C) or `max_rollouts`."""
+    if ray_job_id():
+        init_ray()  # on the cluster (a Ray job, the rendered RayJob): rollouts count in rayline's metrics
     rollout = Rollout(cfg)
     if cfg.watch:
         try:

@@ -84,6 +84,10 @@ class Config:
     """Export the engine's metrics (TTFT, TPOT, KV cache use) through Ray's metrics system (Ray's default). It
     records through `ray.util.metrics` on every engine step, in the replica's event loop; off, vLLM's own
     Prometheus metrics remain (no throughput difference measured on 2 cores, within the machine's drift)."""
+    request_metrics: bool = True
+    """Count each HTTP response in `rayline_serve_requests_total` by served version and status code (an ASGI
+    middleware on the engine replica that reads only the response's start; bench/bench_serve.py --metrics-cost
+    measures what it costs)."""
     access_log: bool = False
     """Serve access log lines per request (off: they cost CPU on every request)."""
     health_check_period_s: float = 10.0

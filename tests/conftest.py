@@ -26,6 +26,7 @@ TEST_STACK = {
     "state_dir": ".rayline-test", "ray_port": 6389, "dashboard_port": 8275, "ray_client_port": 23011,
     "dashboard_agent_port": 52375, "min_worker_port": 24000, "max_worker_port": 24999,
     "serve_port": 8010, "mlflow_port": 5010, "s3_port": 8090, "memcached_port": 11221, "bucket": "rayline-test",
+    "prometheus_port": 9190, "metrics_export_port": 8095,
 }
 
 

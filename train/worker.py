@@ -9,12 +9,14 @@ merges across ranks into `<run_uri>/checkpoint_step<N>/` and keeps `num_to_keep`
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
+from pipelines import metrics as metrics_api
 from pipelines import storage
 from pipelines.config import from_dict
 from train.checkpoint import (
@@ -29,6 +31,7 @@ from train.export import export_model
 from train.fault_injection import maybe_kill_worker
 from train.fsdp import build_sharded_model
 from train.loop import Batch, train_loop
+from train.mfu import mfu, parameter_count, peak_flops
 from train.optimizer import adam_state_summary, build_optimizer
 from train.preflight import RunPlan
 from train.tracking import MetricLogger
@@ -61,18 +64,40 @@ class RayHooks:
     """
 
     def __init__(self, model, optimizer, logger: MetricLogger, rank: int, total_steps: int,
-                 export: Callable[[TrainerState], str]):
+                 export: Callable[[TrainerState], str], tags: dict[str, str] | None = None,
+                 params: int = 0, peak_flops: float | None = None, world: int = 1):
         self.model, self.optimizer, self.logger, self.rank = model, optimizer, logger, rank
         self.total_steps, self.export = total_steps, export
+        self.tags = tags or {"run": "", "model": ""}
+        self.params, self.peak, self.world = params, peak_flops, world
         self.root = Path(tempfile.mkdtemp(prefix=f"rayline-ckpt-r{rank}-"))
+        self.started = time.perf_counter()
+        self.first_step: int | None = None
 
     def on_step(self, state: TrainerState, metrics: dict[str, float]) -> None:
+        if self.rank != 0:
+            return
+        utilization = mfu(self.params, metrics["tokens_per_s"], self.world, self.peak)
+        self.logger.log(state.step, {**metrics, **({"mfu": utilization} if utilization is not None else {})})
+        for name, key in (("rayline_train_loss", "loss"), ("rayline_train_tokens_per_second", "tokens_per_s"),
+                          ("rayline_train_step_seconds", "step_time_s")):
+            metrics_api.gauge(name, metrics[key], **self.tags)
+        if utilization is not None:
+            metrics_api.gauge("rayline_train_mfu_ratio", utilization, **self.tags)
+        metrics_api.gauge("rayline_train_step", state.step, **self.tags)
+        if state.step % max(1, self.total_steps // 20) == 0 or state.step == self.total_steps:
+            print(progress_line(state.step, self.total_steps, metrics, self.started, self.first_step), flush=True)
+
+    def on_start(self, state: TrainerState) -> None:
         if self.rank == 0:
-            self.logger.log(state.step, metrics)
+            self.first_step = state.step
+            metrics_api.gauge("rayline_train_steps_planned", self.total_steps, **self.tags)
+            metrics_api.gauge("rayline_train_step", state.step, **self.tags)
 
     def on_eval(self, state: TrainerState, metrics: dict[str, float]) -> None:
         if self.rank == 0:
             self.logger.log(state.step, metrics)
+            metrics_api.gauge("rayline_train_eval_loss", metrics["eval_loss"], **self.tags)
             print(f"step {state.step}: eval_loss {metrics['eval_loss']:.4f}", flush=True)
 
     def on_checkpoint(self, state: TrainerState, metrics: dict[str, float]) -> None:
@@ -80,7 +105,22 @@ class RayHooks:
             state.export_uri, state.exported_step = self.export(state), state.step
             if self.rank == 0:
                 self.logger.log(state.step, {"exported": 1.0})
+        t0 = time.perf_counter()
         report_checkpoint(self.model, self.optimizer, state, metrics, self.rank, self.root, self.logger)
+        if self.rank == 0:
+            metrics_api.gauge("rayline_train_checkpoint_save_seconds", time.perf_counter() - t0, **self.tags)
+
+
+def progress_line(step: int, total: int, metrics: dict[str, float], started: float, first_step: int | None) -> str:
+    """`step 40/200 (20%) loss 1.2345, 812 tok/s, ETA 3m12s` from the steps this process has taken so far."""
+    done = step - (first_step or 0)
+    elapsed = time.perf_counter() - started
+    eta = ""
+    if done > 0 and step < total:
+        left = elapsed / done * (total - step)
+        eta = f", ETA {int(left // 60)}m{int(left % 60):02d}s"
+    return (f"step {step}/{total} ({100 * step // max(total, 1)}%) loss {metrics['loss']:.4f}, "
+            f"{metrics['tokens_per_s']:,.0f} tok/s{eta}")
 
 
 def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank: int, root: Path,
@@ -171,7 +211,12 @@ def train_fn_per_worker(config: dict) -> None:
                 "mlflow_run_id": config.get("mlflow_run_id"), "eval_loss": final.eval_loss}
         return export_model(model, model_dir, plan.export_uri, export_dtype, info, rank)
 
-    hooks = RayHooks(model, optimizer, logger, rank, plan.total_steps, export)
+    tags = {"run": config.get("mlflow_run_id") or cfg.run_name, "model": cfg.mlflow.register_as or cfg.run_name}
+    hooks = RayHooks(model, optimizer, logger, rank, plan.total_steps, export, tags, parameter_count(model),
+                     peak_flops(device, torch.bfloat16 if cfg.bf16 else torch.float32) if rank == 0 else None, world)
+    if checkpoint is not None and rank == 0:
+        metrics_api.inc("rayline_train_restarts", 1, **tags)
+    hooks.on_start(state)
     source = ShardBatches(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("eval"), cfg, device)
     mask_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     train_loop(model, optimizer, scheduler, source, plan.loop, state, hooks, device, mask_dtype,

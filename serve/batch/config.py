@@ -69,6 +69,8 @@ class Config:
     """Only the first N input rows (smoke runs)."""
     overwrite: bool = False
     """Replace an existing output directory; otherwise a non-empty one is an error."""
+    progress_every_s: float = 10.0
+    """Seconds between progress lines in the job log (rows written / planned, rows/s, ETA); 0 = none."""
     num_engines: int = 1
     """Engine actors: a fixed pool, all started at once (each holds engine.cpus_per_engine CPUs)."""
     batch_size: int = 16
@@ -96,6 +98,7 @@ class Config:
         unknown = [m for m in self.metrics if m not in METRICS]
         require(not unknown, "metrics", f"unknown metric {unknown[:1]}; known: {list(METRICS)}")
         require(self.limit is None or self.limit >= 1, "limit", f"must be at least 1 or null, got {self.limit}")
+        require(self.progress_every_s >= 0, "progress_every_s", f"must be >= 0, got {self.progress_every_s}")
         require(self.num_engines >= 1, "num_engines", f"must be at least 1, got {self.num_engines}")
         require(self.batch_size >= 1, "batch_size", f"must be at least 1, got {self.batch_size}")
         if self.max_concurrent_batches is None:

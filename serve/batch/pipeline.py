@@ -21,16 +21,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 import ray.data
 
-from pipelines import storage
+from pipelines import metrics, storage
 from pipelines.ray_cluster import init_ray, read_parquet
 from serve import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
 from serve.batch.driver_start import plan_without_engine_imports
+from serve.batch.progress import ProgressReporter
 from serve.batch.rows import result_rows
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
 
@@ -111,6 +113,40 @@ def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
     return ds.limit(cfg.limit) if cfg.limit else ds
 
 
+def metric_tags(cfg: Config, info: eng.ModelInfo) -> dict[str, str]:
+    """Labels of this job's batch metrics (pipelines/metrics.py): the output's name, the model version, the mode."""
+    return {"run": storage.basename(cfg.output_uri), "model": info.label, "mode": cfg.mode}
+
+
+def count_input_rows(cfg: Config, fmt: str) -> int:
+    """Rows the job will answer: Parquet footers' row counts, or JSONL lines (non-blank), capped by `limit`."""
+    fs, root = storage.resolve(cfg.input_uri)
+    single = fs.get_file_info(root).type == pafs.FileType.File
+    files = [cfg.input_uri] if single else [storage.join(cfg.input_uri, rel) for rel in storage.list_files(cfg.input_uri)]
+    total = 0
+    for uri in files:
+        fs, path = storage.resolve(uri)
+        if fmt == "jsonl":
+            if cfg.input_format != "jsonl" and not uri.lower().endswith(tuple("." + e for e in JSONL_EXTENSIONS)):
+                continue
+            total += _non_empty_lines(fs, path)
+        elif uri.endswith(".parquet"):
+            with fs.open_input_file(path) as f:
+                total += pq.ParquetFile(f).metadata.num_rows
+    return min(total, cfg.limit) if cfg.limit else total
+
+
+def _non_empty_lines(fs, path: str, chunk: int = 8 << 20) -> int:
+    """Lines with something on them (what read_text keeps), read in chunks."""
+    n, tail = 0, b""
+    with fs.open_input_stream(path) as f:
+        while data := f.read(chunk):
+            lines = (tail + data).split(b"\n")
+            tail = lines.pop()
+            n += sum(1 for line in lines if line.strip())
+    return n + (1 if tail.strip() else 0)
+
+
 def engine_processor(cfg: Config, model_path: str, jsonl: bool = True):
     """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py, whose
     engine stage validates raw input rows (JSONL lines if `jsonl`, else Parquet rows). Built without importing
@@ -168,7 +204,8 @@ def run_pipeline(cfg: Config, model_path: str, info: eng.ModelInfo) -> None:
     ds = read_inputs(cfg, fmt)
     ds = engine_processor(cfg, model_path, jsonl=fmt == "jsonl")(ds)
     ds = ds.map_batches(
-        result_rows, fn_kwargs=dict(model_version=info.label, max_model_len=cfg.engine.max_model_len),
+        result_rows, fn_kwargs=dict(model_version=info.label, max_model_len=cfg.engine.max_model_len,
+                                    metric_tags=metric_tags(cfg, info)),
         batch_format="pyarrow", num_cpus=cfg.cpu_stage_num_cpus,
     )
     write_results(ds, cfg)
@@ -193,7 +230,13 @@ def main(cfg: Config) -> Result:
     eng.check_max_model_len(cfg.engine, model_path)
     prepare_output(cfg)
     init_ray()
-    run_pipeline(cfg, model_path, info)
+    planned = count_input_rows(cfg, input_format(cfg))
+    metrics.gauge("rayline_batch_rows_planned", planned, **metric_tags(cfg, info))
+    if cfg.progress_every_s:
+        with ProgressReporter(cfg.output_uri, planned, cfg.progress_every_s):
+            run_pipeline(cfg, model_path, info)
+    else:
+        run_pipeline(cfg, model_path, info)
     wall = time.perf_counter() - started
 
     table = read_results(cfg.output_uri)

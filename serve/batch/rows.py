@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from typing import Any
 
 import pyarrow as pa
+
+from pipelines import metrics as rayline_metrics
 
 ERROR_COLUMN = "__inference_error__"  # ray.data.llm's per-row error column (processor/base.py, stages/base.py)
 ROLES = ("system", "user", "assistant")
@@ -196,8 +199,9 @@ def finish_reason(output_tokens: int, prompt_tokens: int, max_tokens: int, max_m
     return "stop"
 
 
-def result_rows(batch: pa.Table, model_version: str, max_model_len: int) -> pa.Table:
-    """Processor output (engine rows and pass-through error rows alike) -> RESULT_SCHEMA rows."""
+def result_rows(batch: pa.Table, model_version: str, max_model_len: int, metric_tags: dict | None = None) -> pa.Table:
+    """Processor output (engine rows and pass-through error rows alike) -> RESULT_SCHEMA rows; with `metric_tags`,
+    also counts them in rayline's batch metrics (rows done, errors by code, output tokens)."""
     out: dict[str, list] = {name: [] for name in RESULT_SCHEMA.names}
     for row in batch.to_pylist():
         error = row.get(ERROR_COLUMN) or None
@@ -223,4 +227,13 @@ def result_rows(batch: pa.Table, model_version: str, max_model_len: int) -> pa.T
         # Engine-core clock (monotonic, one per node): first queued -> last token spans the engine's busy time.
         out["engine_start_s"].append(metrics.get("queued_ts") if ok and metrics.get("queued_ts") else None)
         out["engine_end_s"].append(metrics.get("last_token_ts") if ok and metrics.get("last_token_ts") else None)
+    if metric_tags is not None:
+        count_rows(out, metric_tags)
     return pa.Table.from_pydict(out, schema=RESULT_SCHEMA)
+
+
+def count_rows(out: dict[str, list], tags: dict) -> None:
+    rayline_metrics.inc("rayline_batch_rows_done", len(out["id"]), **tags)
+    rayline_metrics.inc("rayline_batch_output_tokens", sum(out["output_tokens"]), **tags)
+    for code, n in Counter(e.split(":", 1)[0] for e in out["error"] if e).items():
+        rayline_metrics.inc("rayline_batch_row_errors", n, code=code, **tags)

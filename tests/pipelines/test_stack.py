@@ -4,10 +4,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
-from pipelines import stack
+from pipelines import prometheus, stack
 from pipelines.config import from_dict
 
 ROOT = stack.PROJECT_ROOT
@@ -18,7 +19,7 @@ def mini_cfg(tmp_path):
     return from_dict(stack.StackConfig, {
         "state_dir": str(tmp_path / "state"), "ray_port": 6399, "dashboard_port": 8285, "ray_client_port": 23021,
         "serve_port": 8020, "mlflow_port": 5020, "dashboard_agent_port": 52385, "min_worker_port": 25000,
-        "max_worker_port": 25999,
+        "max_worker_port": 25999, "prometheus_port": 9290, "metrics_export_port": 8195,
     })
 
 
@@ -32,15 +33,16 @@ def test_up_twice_env_job_down(mini_cfg, tmp_path):
     first = _cli(mini_cfg, "up", *overrides)
     try:
         assert first.returncode == 0, first.stderr + first.stdout
-        assert "ray-head" in first.stdout and "mlflow" in first.stdout
+        assert "ray-head" in first.stdout and "mlflow" in first.stdout and "prometheus" in first.stdout
         again = _cli(mini_cfg, "up")
         assert again.returncode == 0 and "already running" in again.stdout
         status = _cli(mini_cfg, "status")
-        assert status.returncode == 0 and status.stdout.count("healthy") == 2
+        assert status.returncode == 0 and status.stdout.count("healthy") == 3, status.stdout
 
         env_out = _cli(mini_cfg, "env").stdout
         env = dict(line.removeprefix("export ").split("=", 1) for line in env_out.splitlines())
         assert env["RAY_ADDRESS"] == "http://127.0.0.1:8285" and env["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5020"
+        assert env["RAYLINE_PROMETHEUS_URL"] == "http://127.0.0.1:9290"
         job_env = {**os.environ, **env}
         job_dir = tmp_path / "job"
         job_dir.mkdir()
@@ -54,9 +56,18 @@ def test_up_twice_env_job_down(mini_cfg, tmp_path):
         ml = subprocess.run([sys.executable, "-c", mlflow_code], capture_output=True, text=True, env=job_env, timeout=120)
         assert ml.stdout.strip().endswith("stack-test"), ml.stderr[-2000:]
 
+        # Prometheus scrapes the Ray node (found through Ray's discovery file), MLflow and itself.
+        deadline = time.time() + 60
+        while {t["job"] for t in prometheus.targets(env["RAYLINE_PROMETHEUS_URL"]) if t["health"] == "up"} != {
+                "ray", "mlflow", "prometheus"} and time.time() < deadline:
+            time.sleep(1)
+        up = {(t["job"], t["url"]) for t in prometheus.targets(env["RAYLINE_PROMETHEUS_URL"]) if t["health"] == "up"}
+        assert ("ray", "http://127.0.0.1:8195/metrics") in up and ("mlflow", "http://127.0.0.1:5020/metrics") in up, up
+        assert prometheus.query(env["RAYLINE_PROMETHEUS_URL"], 'ray_node_cpu_count{instance="127.0.0.1:8195"}')
+
         # Everything listens on loopback only.
         listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
-        for port in (6399, 8285, 5020):
+        for port in (6399, 8285, 5020, 9290, 8195):
             addrs = [ln.split()[3] for ln in listening.splitlines() if ln.split()[3].endswith(f":{port}")]
             assert addrs and all("127.0.0.1" in a for a in addrs), (port, addrs)
     finally:
@@ -87,3 +98,29 @@ def test_up_starts_only_the_parts_asked_for(mini_cfg):
     finally:
         stopped = stack.down(mini_cfg)
     assert stopped == ["mlflow"]
+
+
+def test_without_prometheus_installed_up_says_why_and_starts_the_rest(mini_cfg, monkeypatch):
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable))  # a machine without the prometheus package
+    try:
+        result = stack.up(mini_cfg, parts=["mlflow", "prometheus"])
+        assert result["started"] == ["mlflow"]
+        assert result["notes"] == ["prometheus not started: prometheus not found: apt-get install prometheus "
+                                   "(or `make`, which installs it as root)"]
+        assert "prometheus" not in stack.status(mini_cfg) and "RAYLINE_PROMETHEUS_URL" not in stack.env_vars(mini_cfg)
+    finally:
+        stack.down(mini_cfg)
+
+
+def test_prometheus_part_alone_runs_and_reloads_nothing_twice(mini_cfg):
+    try:
+        first = stack.up(mini_cfg, parts=["prometheus"])
+        assert first["started"] == ["prometheus"] and stack.status(mini_cfg)["prometheus"]["healthy"]
+        assert stack.up(mini_cfg, parts=["prometheus"])["started"] == []
+        config = (mini_cfg.state / "prometheus" / "prometheus.yml").read_text()
+        assert "127.0.0.1:5020" in config and str(prometheus.RULES) in config
+        rules = prometheus.api("http://127.0.0.1:9290", "rules")["groups"]
+        assert sum(len(g["rules"]) for g in rules) == len(prometheus.alert_rules())  # the alert rules are loaded
+    finally:
+        stopped = stack.down(mini_cfg)
+    assert stopped == ["prometheus"]

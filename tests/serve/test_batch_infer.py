@@ -213,6 +213,32 @@ def run(local_stack, registered, input_file, tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_rows_and_errors_by_code_reach_prometheus(run, local_stack):
+    """The result tasks' counts, scraped by the stack's Prometheus, add up to the result table."""
+    import time
+
+    from pipelines import prometheus
+    from pipelines.stack import env_vars
+    from serve.batch.pipeline import count_input_rows
+
+    cfg, result, _, table = run
+    assert count_input_rows(cfg, "jsonl") == table.num_rows  # what the job planned is what it wrote
+    url = env_vars(local_stack)["RAYLINE_PROMETHEUS_URL"]
+    tags = f'run="r", model="{result.model}", mode="eval"'
+    want = {"done": float(table.num_rows), "errors": {c: float(n) for c, n in result.error_codes.items()}}
+    deadline = time.time() + 60
+    while True:
+        done = prometheus.query(url, f"sum(ray_rayline_batch_rows_done_total{{{tags}}})")
+        errors = prometheus.query(url, f"sum by (code) (ray_rayline_batch_row_errors_total{{{tags}}})")
+        got = {"done": float(done[0]["value"][1]) if done else 0.0,
+               "errors": {e["metric"]["code"]: float(e["value"][1]) for e in errors}}
+        if got == want or time.time() > deadline:
+            break
+        time.sleep(2)
+    assert got == want and len(want["errors"]) >= 2
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_every_row_appears_once_with_output_or_error(run, input_file):
     _, result, by_id, table = run

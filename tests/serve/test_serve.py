@@ -116,3 +116,38 @@ def test_the_deployed_app_is_the_rendered_serve_config(served):
     assert app["args"]["config"]["engine"]["max_model_len"] == 256
     tags = registry.client().get_model_version(MODEL, served["version"]).tags
     assert tags["rollout.status"] == "deployed" and tags["deployed_at"]
+
+
+def test_responses_are_counted_by_version_and_status_in_prometheus(served, client, local_stack):
+    """The replica's own counts, through Ray's metrics agent and the stack's real Prometheus."""
+    import time
+
+    from pipelines import prometheus
+    from pipelines.stack import env_vars
+    from tests.serve.serving import SERVED_APP
+
+    url = env_vars(local_stack)["RAYLINE_PROMETHEUS_URL"]
+    labels = f'app="{SERVED_APP}", model="{MODEL}", version="{served["version"]}"'
+
+    def counts() -> dict[str, float]:
+        got = prometheus.query(url, f"sum by (code) (ray_rayline_serve_requests_total{{{labels}}})")
+        return {s["metric"]["code"]: float(s["value"][1]) for s in got}
+
+    assert prometheus.wait_for(url, f"ray_rayline_served_version{{{labels}}} == 1", timeout_s=60)
+    # Earlier tests' responses reach Prometheus first (export ~5 s, scrape every 5 s): wait for a steady count.
+    before, latest = None, counts()
+    while before != latest:
+        time.sleep(8)
+        before, latest = latest, counts()
+    for _ in range(3):
+        client.completions.create(model="rayline", prompt="hi", max_tokens=2)
+    body = json.dumps({"model": "gpt-9", "prompt": "hi", "max_tokens": 2}).encode()
+    for _ in range(2):
+        req = urllib.request.Request(f"{served['base_url']}/completions", body, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(req, timeout=60)
+    want = {"200": before.get("200", 0) + 3, "404": before.get("404", 0) + 2}
+    deadline = time.time() + 60
+    while {c: counts().get(c, 0) for c in want} != want and time.time() < deadline:
+        time.sleep(2)
+    assert {c: counts().get(c, 0) for c in want} == want

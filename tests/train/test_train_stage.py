@@ -165,6 +165,32 @@ def test_killed_worker_resumes_from_the_newest_s3_checkpoint(faulted, history):
     assert (state.step, state.epoch, state.micro_batches_into_epoch) == (12, *divmod(12, steps_per_epoch))
 
 
+def test_faulted_run_is_visible_in_prometheus(faulted, history, local_stack):
+    """Rank 0's metrics of both attempts, scraped by the stack's Prometheus: one restart, every step, a real MFU."""
+    import time
+
+    from pipelines import prometheus
+    from pipelines.stack import env_vars
+
+    result = faulted[1]
+    url = env_vars(local_stack)["RAYLINE_PROMETHEUS_URL"]
+    run = f'run="{result.mlflow_run_id}"'
+
+    def peak(expr: str) -> float:
+        series = prometheus.query_range(url, expr, time.time() - 1800, time.time())
+        return max(float(v) for s in series for _, v in s["values"]) if series else float("nan")
+
+    restarts = prometheus.wait_for(url, f"sum(ray_rayline_train_restarts_total{{{run}}})", timeout_s=60)
+    assert float(restarts[0]["value"][1]) == 1.0  # the one resume after the injected kill
+    assert peak(f"max(ray_rayline_train_step{{{run}}})") == TOTAL_STEPS
+    assert peak(f"max(ray_rayline_train_steps_planned{{{run}}})") == TOTAL_STEPS
+    assert 0 < peak(f"max(ray_rayline_train_mfu_ratio{{{run}}})") <= 1
+    assert peak(f"max(ray_rayline_train_checkpoint_save_seconds{{{run}}})") > 0
+    # The loss gauge carries what MLflow got for the same steps.
+    logged = [v for _, v in history.values(result.mlflow_run_id, "loss")]
+    assert min(logged) - 1e-6 <= peak(f"min(ray_rayline_train_loss{{{run}}})") <= max(logged) + 1e-6
+
+
 def test_faulted_run_finishes_as_the_uninterrupted_one(reference, faulted, history):
     ref, run = reference[1], faulted[1]
     ref_loss, ref_lr = history.curve(ref.mlflow_run_id), history.curve(ref.mlflow_run_id, "lr")
