@@ -312,22 +312,16 @@ def main(argv: list[str] | None = None) -> dict:
                 # vLLM's own defaults are a reference point, not equal terms, and ~2.5x slower: one round.
                 for name in (n for n in order if n != DEFAULTS or i == 0):
                     idle = {n: cpu_seconds(s) for n, s in servers.items() if n != name}
-                    engine_pid = servers[name].engine_pid()
-                    before = thread_times(engine_pid) if engine_pid else {}
-                    runs[name].append(run_load(servers[name].url, c, args.requests, args.max_tokens))
-                    if engine_pid:
-                        busy[name].append(busy_threads(before, thread_times(engine_pid)))
+                    result, threads = timed_load(servers[name], c, args)
+                    runs[name].append(result)
+                    busy[name] += [threads] if threads is not None else []
                     idle_cpu = ", ".join(f"{n.split(',')[0]} {cpu_seconds(servers[n]) - t:.1f}"
                                          for n, t in idle.items())
                     print(f"{c} streams, round {i + 1}: {name} {runs[name][-1]} (CPU-s of the idle: {idle_cpu})",
                           flush=True)
             for name in results:
                 results[name].append(combine(runs[name]))
-        setups = {name: server.setup() for name, server in servers.items()}
-        for name, counts in busy.items():
-            if counts:  # the count most load runs saw; all of them beside it
-                setups[name]["engine busy threads"] = max(set(counts), key=counts.count)
-                setups[name]["engine busy threads, each run"] = ",".join(map(str, counts))
+        setups = {name: {**server.setup(), **busy_setup(busy[name])} for name, server in servers.items()}
     finally:
         for server in servers.values():
             server.stop()
@@ -357,6 +351,22 @@ def main(argv: list[str] | None = None) -> dict:
     return {"results": results, "setups": setups, "rollout_s": rollout_s, "ratios": ratios}
 
 
+def timed_load(server, concurrency: int, args) -> tuple[LoadResult, int | None]:
+    """One load run on a server, and how many of its engine's threads were busy during it (None: no engine)."""
+    engine_pid = server.engine_pid()
+    before = thread_times(engine_pid) if engine_pid else {}
+    result = run_load(server.url, concurrency, args.requests, args.max_tokens)
+    return result, busy_threads(before, thread_times(engine_pid)) if engine_pid else None
+
+
+def busy_setup(counts: list[int]) -> dict:
+    """The busy-thread count most load runs saw, and all of them beside it."""
+    if not counts:
+        return {}
+    return {"engine busy threads": max(set(counts), key=counts.count),
+            "engine busy threads, each run": ",".join(map(str, counts))}
+
+
 METRICS_ON, METRICS_OFF = "rayline", "rayline without request metrics"
 
 
@@ -364,6 +374,7 @@ def metrics_cost(args, model_dir: Path, engine_cfg: eng.EngineConfig) -> dict:
     """The same app twice (own name and route), request metrics on and off, loaded in alternating rounds."""
     servers: dict = {}
     results: dict[str, list[LoadResult]] = {METRICS_ON: [], METRICS_OFF: []}
+    busy: dict[str, list[int]] = {name: [] for name in results}
     try:
         servers[METRICS_ON] = RaylineApp(model_dir, engine_cfg)
         servers[METRICS_OFF] = RaylineApp(model_dir, engine_cfg, {
@@ -372,11 +383,13 @@ def metrics_cost(args, model_dir: Path, engine_cfg: eng.EngineConfig) -> dict:
             runs: dict[str, list[LoadResult]] = {name: [] for name in results}
             for i, order in enumerate(round_order(list(results), args.rounds)):
                 for name in order:
-                    runs[name].append(run_load(servers[name].url, c, args.requests, args.max_tokens))
-                    print(f"{c} streams, round {i + 1}: {name} {runs[name][-1]}", flush=True)
+                    result, threads = timed_load(servers[name], c, args)
+                    runs[name].append(result)
+                    busy[name] += [threads] if threads is not None else []
+                    print(f"{c} streams, round {i + 1}: {name} {result}", flush=True)
             for name in results:
                 results[name].append(combine(runs[name]))
-        setups = {name: {**server.setup(), "request_metrics": str(server.cfg.request_metrics)}
+        setups = {name: {**server.setup(), **busy_setup(busy[name]), "request_metrics": str(server.cfg.request_metrics)}
                   for name, server in servers.items()}
     finally:
         for server in servers.values():
