@@ -138,10 +138,21 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
     assert steps and max(float(v) for _, v in steps[0]["values"]) > 0
 
     # The range ends a little ahead: a series first scraped seconds ago is then inside it (each point looks back).
-    start, end = result.started_at - 60, time.time() + 30
+    # The demo's last requests were seconds ago: a rate() needs two scrapes of them, so give the newest series
+    # up to 90 s in all to get there.
+    start, deadline = result.started_at - 60, time.time() + 90
+
+    def has_data(expr: str) -> bool:
+        while not prometheus.query_range(url, expr, start, time.time() + 30):
+            if time.time() > deadline:
+                return False
+            time.sleep(3)
+        return True
+
     empty = [f"{uid} / {title}: {expr}" for uid, title, expr in prometheus.dashboard_queries()
-             if not prometheus.query_range(url, prometheus.grafana_expr(expr), start, end)]
+             if not has_data(prometheus.grafana_expr(expr))]
     assert not empty, "panels without data:\n" + "\n".join(empty)
+    end = time.time() + 30
     from pipelines.demo import figure_queries
 
     blank = [figure for figure, expr in figure_queries(result).items() if not prometheus.query_range(url, expr, start, end)]
