@@ -133,22 +133,25 @@ def _tags(name: str, tags: dict[str, object]) -> dict[str, str]:
     return {k: str(v) for k, v in tags.items()}
 
 
+def _checked(name: str, kind: str, tags: dict[str, object]) -> dict[str, str]:
+    """The tags as strings, once the metric is of `kind` and they are exactly its label set."""
+    if METRICS[name].kind != kind:
+        raise ValueError(f"metric {name} is a {METRICS[name].kind}, not a {kind}")
+    return _tags(name, tags)
+
+
 def inc(name: str, value: float = 1.0, **tags) -> None:
     """Add `value` to a counter (nothing to add when it is 0)."""
-    if METRICS[name].kind != COUNTER:
-        raise ValueError(f"metric {name} is a {METRICS[name].kind}, not a counter")
+    tags = _checked(name, COUNTER, tags)
     if value < 0:
         raise ValueError(f"metric {name}: a counter only grows, got {value}")
-    tags = _tags(name, tags)
     if value > 0 and _connected():
         _metric(name).inc(float(value), tags=tags)
 
 
 def gauge(name: str, value: float, **tags) -> None:
     """Set a gauge; this process keeps re-setting it (every REFRESH_S) so it stays exported while it lives."""
-    if METRICS[name].kind != GAUGE:
-        raise ValueError(f"metric {name} is a {METRICS[name].kind}, not a gauge")
-    tags = _tags(name, tags)
+    tags = _checked(name, GAUGE, tags)
     if _connected():
         _metric(name).set(float(value), tags=tags)
         with _lock:
@@ -158,9 +161,7 @@ def gauge(name: str, value: float, **tags) -> None:
 
 def observe(name: str, value: float, **tags) -> None:
     """Add one observation to a histogram."""
-    if METRICS[name].kind != HISTOGRAM:
-        raise ValueError(f"metric {name} is a {METRICS[name].kind}, not a histogram")
-    tags = _tags(name, tags)
+    tags = _checked(name, HISTOGRAM, tags)
     if _connected():
         _metric(name).observe(float(value), tags=tags)
 
