@@ -3,7 +3,6 @@
     python -m pipelines.stack up                 # the local stack (Ray head + MLflow), or export another stack's env
     python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--skip-rollout | --rollout-only]
     python bench/bench_serve.py --quick          # a smoke run: small loads, no rollout
-    python bench/bench_serve.py --metrics-cost   # rayline with its request metrics vs without (same app twice)
 
 Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
 (ignore_eos) from `--concurrency` concurrent clients on loopback, `--rounds` times in alternating order
@@ -21,10 +20,7 @@ Each side's effective set-up is read back from its running processes and from wh
 and printed (bench/equal_terms.py). Then the rollout time of the `tiny` model (alias set -> new version
 answering) is measured with the real rollout. The last lines are the throughput ratios, one per
 comparison; rayline vs vllm server only when the set-ups agree on MUST_MATCH.
-
-With --metrics-cost the two sides are the same Serve app deployed twice on the same stack, differing only in
-`request_metrics` (rayline_serve_requests_total, counted per response by serve/llm_hooks.py's middleware; the
-engine's own metrics are on in both): `rayline vs rayline without request metrics` should stay >= 0.98x.
+The cost of rayline's own serving metrics is bench/bench_serve_metrics.py.
 """
 
 from __future__ import annotations
@@ -241,6 +237,16 @@ def bench_rollout(work: Path) -> float:
         rollout.target.delete()
 
 
+def small_model(work: Path) -> tuple[Path, eng.EngineConfig]:
+    """The `small` model under `work` (built once) and the engine config both sides serve it with."""
+    model_dir = work / "small"
+    if not (model_dir / "model.safetensors").exists():
+        from pipelines.tiny_model import build_tiny_model
+
+        build_tiny_model(model_dir, "small", seed=0)
+    return model_dir, from_dict(eng.EngineConfig, {"model": str(model_dir), **ENGINE})
+
+
 def use_local_stack() -> None:
     """Point this process at the local stack (.rayline/) unless a stack's env is already exported."""
     if os.environ.get("RAY_ADDRESS", "").startswith("http"):
@@ -266,8 +272,6 @@ def main(argv: list[str] | None = None) -> dict:
                    help="load runs per server and concurrency, in A-B-C, C-B-A order (the machine's speed drifts)")
     p.add_argument("--skip-rollout", action="store_true")
     p.add_argument("--rollout-only", action="store_true", help="only the rollout time (no load, no vLLM server)")
-    p.add_argument("--metrics-cost", action="store_true",
-                   help="rayline with request metrics vs without, instead of the vLLM comparison and the rollout")
     p.add_argument("--quick", action="store_true", help="a smoke run: 16 requests of 32 tokens at 8 streams, "
                    "2 rounds, no rollout")
     args = p.parse_args(argv)
@@ -279,15 +283,8 @@ def main(argv: list[str] | None = None) -> dict:
     use_local_stack()
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = work / "small"
-    if not (model_dir / "model.safetensors").exists():
-        from pipelines.tiny_model import build_tiny_model
+    model_dir, engine_cfg = small_model(work)
 
-        build_tiny_model(model_dir, "small", seed=0)
-    engine_cfg = from_dict(eng.EngineConfig, {"model": str(model_dir), **ENGINE})
-
-    if args.metrics_cost:
-        return metrics_cost(args, model_dir, engine_cfg)
     if args.rollout_only:
         rollout_s = bench_rollout(work)
         print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
@@ -365,45 +362,6 @@ def busy_setup(counts: list[int]) -> dict:
         return {}
     return {"engine busy threads": max(set(counts), key=counts.count),
             "engine busy threads, each run": ",".join(map(str, counts))}
-
-
-METRICS_ON, METRICS_OFF = "rayline", "rayline without request metrics"
-
-
-def metrics_cost(args, model_dir: Path, engine_cfg: eng.EngineConfig) -> dict:
-    """The same app twice (own name and route), request metrics on and off, loaded in alternating rounds."""
-    servers: dict = {}
-    results: dict[str, list[LoadResult]] = {METRICS_ON: [], METRICS_OFF: []}
-    busy: dict[str, list[int]] = {name: [] for name in results}
-    try:
-        servers[METRICS_ON] = RaylineApp(model_dir, engine_cfg)
-        servers[METRICS_OFF] = RaylineApp(model_dir, engine_cfg, {
-            "app_name": "rayline-bench-nometrics", "route_prefix": "/nometrics", "request_metrics": False})
-        for c in args.concurrency:
-            runs: dict[str, list[LoadResult]] = {name: [] for name in results}
-            for i, order in enumerate(round_order(list(results), args.rounds)):
-                for name in order:
-                    result, threads = timed_load(servers[name], c, args)
-                    runs[name].append(result)
-                    busy[name] += [threads] if threads is not None else []
-                    print(f"{c} streams, round {i + 1}: {name} {result}", flush=True)
-            for name in results:
-                results[name].append(combine(runs[name]))
-        setups = {name: {**server.setup(), **busy_setup(busy[name]), "request_metrics": str(server.cfg.request_metrics)}
-                  for name, server in servers.items()}
-    finally:
-        for server in servers.values():
-            server.stop()
-    print(f"\n{args.rounds} rounds per app and concurrency, A-B, B-A; {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    print_setups(setups)
-    ratios = {}
-    for on, off in zip(results[METRICS_ON], results[METRICS_OFF]):
-        print(f"{on.concurrency} streams: request metrics on {on}; off {off}")
-    for on, off in zip(results[METRICS_ON], results[METRICS_OFF]):
-        ratios[on.concurrency] = on.tokens_per_s / off.tokens_per_s
-        print(ratio_line(f"rayline without request metrics ({on.concurrency} streams)", ratios[on.concurrency],
-                         setups[METRICS_ON], setups[METRICS_OFF], MUST_MATCH))
-    return {"results": results, "setups": setups, "ratios": ratios}
 
 
 def cpu_seconds(server) -> float:

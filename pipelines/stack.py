@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines import objectstore, prometheus
+from pipelines.processes import pid_alive, ray_session_dir, session_members
 from pipelines.config import ConfigError, apply_overrides, from_dict, require, to_dict
 from pipelines.ray_env import SERVE_PROCESS_ENV
 
@@ -212,22 +213,6 @@ def part_healthy(cfg: StackConfig, part: str) -> bool:
     raise ValueError(part)
 
 
-def ray_session_dir(pids: Iterable[int]) -> str | None:
-    """The session dir of the Ray node started by `ray start` in the process session `pid` (from its processes'
-    `--session-dir=` arguments), or None while it is still starting."""
-    for sid in pids:
-        for pid in session_members(sid):
-            try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            for arg in args:
-                for flag in (b"--session-dir=", b"--session_dir="):
-                    if arg.startswith(flag):
-                        return arg[len(flag):].decode()
-    return None
-
-
 def _read_state(state: Path) -> dict:
     f = state / "stack.json"
     return json.loads(f.read_text()) if f.exists() else {"pids": {}}
@@ -235,20 +220,6 @@ def _read_state(state: Path) -> dict:
 
 def _write_state(state: Path, data: dict) -> None:
     (state / "stack.json").write_text(json.dumps(data, indent=2))
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _spawn(state: Path, name: str, argv: list[str], extra_env: dict[str, str]) -> int:
@@ -316,19 +287,6 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
         if session:
             prometheus.link_ray_targets(state, session)
     return {"started": started, "state_dir": str(state), "notes": notes}
-
-
-def session_members(sid: int) -> list[int]:
-    """PIDs in the process session `sid` (each part runs in a session of its own, led by its PID)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
 
 
 def down(cfg: StackConfig, grace_s: float = 10.0) -> list[str]:

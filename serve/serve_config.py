@@ -86,7 +86,7 @@ class Config:
     Prometheus metrics remain (no throughput difference measured on 2 cores, within the machine's drift)."""
     request_metrics: bool = True
     """Count each HTTP response in `rayline_serve_requests_total` by served version and status code (an ASGI
-    middleware on the engine replica that reads only the response's start; bench/bench_serve.py --metrics-cost
+    middleware on the engine replica that reads only the response's start; bench/bench_serve_metrics.py
     measures what it costs)."""
     access_log: bool = False
     """Serve access log lines per request (off: they cost CPU on every request)."""
