@@ -78,7 +78,8 @@ def test_process_tree_leaves_out_a_retitled_environment():
     proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "3"})
     try:
         deadline = time.time() + 20
-        while not psutil.Process(proc.pid).cmdline()[0].startswith("VLLM::") and time.time() < deadline:
+        # cmdline() is empty for a moment while the child starts.
+        while not (psutil.Process(proc.pid).cmdline() or [""])[0].startswith("VLLM::") and time.time() < deadline:
             time.sleep(0.1)
         tree = process_tree(proc.pid)
         assert tree["processes"] == 1
