@@ -1,7 +1,8 @@
 """The embedded local platform: a Ray head, an MLflow tracking server, Prometheus (where installed) and (with
 --s3) a Swift S3 store.
 
-    python -m pipelines.stack up [--s3] [key=value ...]   start what is not running, wait for health
+    python -m pipelines.stack up [--s3] [--nodes N] [key=value ...]
+                                                          start what is not running, wait for health
     python -m pipelines.stack status                      one line per part
     python -m pipelines.stack env                         exports for a shell or a job (eval "$(...)")
     python -m pipelines.stack down                        stop what `up` started, by PID; data is kept
@@ -68,6 +69,14 @@ class StackConfig:
     metrics_export_port: int = 8085
     """Where the Ray node's metrics agent serves Prometheus metrics (Ray's, Serve's, vLLM's, rayline's)."""
     scrape_interval_s: float = 5.0
+    nodes: int = 0
+    """Ray worker nodes beside the head: each its own raylet on this machine (`ray start --address`), so the
+    stack is a multi-node cluster as Ray's own tests run one. 0 = the head alone."""
+    node_cpus: int = 1
+    """Logical CPUs of each worker node."""
+    node_port_base: int = 21000
+    """Worker node i (1..nodes) takes the ports node_port_base + 100 * i + 0..99: its raylet, object
+    manager, agents and metrics on the first ten, its workers on the rest."""
     timeout_s: int = 120
 
     def __post_init__(self):
@@ -78,6 +87,10 @@ class StackConfig:
         require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
         require(self.scrape_interval_s > 0, "scrape_interval_s", "must be > 0")
         require(self.min_worker_port < self.max_worker_port, "min_worker_port", "must be below max_worker_port")
+        require(self.nodes >= 0, "nodes", f"must be >= 0, got {self.nodes}")
+        require(self.node_cpus >= 1, "node_cpus", f"must be >= 1, got {self.node_cpus}")
+        require(0 < self.node_port_base and self.node_port_base + 100 * (self.nodes + 1) < 65536, "node_port_base",
+                f"node_port_base + 100 * (nodes + 1) must stay below 65536, got {self.node_port_base} with {self.nodes} nodes")
         for name in ("ray_port", "dashboard_port", "ray_client_port", "dashboard_agent_port", "metrics_export_port"):
             port = getattr(self, name)
             require(not self.min_worker_port <= port <= self.max_worker_port, name,
@@ -107,7 +120,25 @@ def _ports(cfg: StackConfig) -> dict[str, list[int]]:
              "mlflow": [cfg.mlflow_port], "prometheus": [cfg.prometheus_port]}
     if cfg.s3:
         ports["s3"] = [cfg.s3_port, cfg.memcached_port, *objectstore.backend_ports(cfg.s3_port).values()]
+    if cfg.nodes:
+        ports["nodes"] = [p for i in range(1, cfg.nodes + 1) for p in worker_node_ports(cfg, i).values()]
     return ports
+
+
+NODE_LABEL = "rayline.io/node"
+"""The label every node of the stack carries: `head`, or `worker-<i>` for worker node i."""
+NODE_PORTS = ("node_manager", "object_manager", "dashboard_agent_listen", "dashboard_agent_grpc", "runtime_env_agent",
+              "metrics_export")
+
+
+def worker_node_ports(cfg: StackConfig, i: int) -> dict[str, int]:
+    """The fixed ports of worker node i (1-based); its workers take the rest of its block of 100."""
+    base = cfg.node_port_base + 100 * i
+    return {name: base + k for k, name in enumerate(NODE_PORTS)}
+
+
+def worker_node_name(i: int) -> str:
+    return f"ray-worker-{i}"
 
 
 def runs_prometheus(cfg: StackConfig) -> bool:
@@ -169,6 +200,7 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
         f"--ray-client-server-port={cfg.ray_client_port}", f"--dashboard-agent-listen-port={cfg.dashboard_agent_port}",
         f"--min-worker-port={cfg.min_worker_port}", f"--max-worker-port={cfg.max_worker_port}", "--include-dashboard=true", "--disable-usage-stats",
         f"--num-cpus={cfg.num_cpus or os.cpu_count()}", f"--metrics-export-port={cfg.metrics_export_port}",
+        f"--labels={NODE_LABEL}=head",
     ]
     # Job entrypoints say `python ...`: that must be this environment's Python. Workers import the
     # project's packages; jobs get a working_dir, local drivers rely on PYTHONPATH.
@@ -194,10 +226,39 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
     }
     if cfg.s3:
         specs["s3"] = [(n, a, {}) for n, a in objectstore.prepare(st, cfg.s3_port, cfg.memcached_port)]
+    if cfg.nodes:
+        specs["nodes"] = [(worker_node_name(i), _worker_node_argv(cfg, i), ray_env) for i in range(1, cfg.nodes + 1)]
     if runs_prometheus(cfg):
         specs["prometheus"] = [("prometheus", prometheus.prepare(st, cfg.prometheus_port, cfg.mlflow_port,
                                                                    cfg.scrape_interval_s), {})]
     return specs
+
+
+def _worker_node_argv(cfg: StackConfig, i: int) -> list[str]:
+    """`ray start` of worker node i (through pipelines/ray_node.py, which keeps it on loopback): joins the head's
+    GCS, with its own ports, CPUs and label."""
+    ports = worker_node_ports(cfg, i)
+    first_worker_port = cfg.node_port_base + 100 * i + 10
+    return [
+        _python(), "-m", "pipelines.ray_node", "--block", f"--address=127.0.0.1:{cfg.ray_port}",
+        "--node-ip-address=127.0.0.1", f"--num-cpus={cfg.node_cpus}", "--disable-usage-stats",
+        *(f"--{name.replace('_', '-')}-port={port}" for name, port in ports.items()),
+        f"--min-worker-port={first_worker_port}", f"--max-worker-port={first_worker_port + 89}",
+        f"--labels={NODE_LABEL}=worker-{i}",
+    ]
+
+
+def ray_nodes(cfg: StackConfig) -> list[dict]:
+    """The cluster's alive nodes as the head's dashboard lists them (node_id, labels, resources_total)."""
+    token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
+    url = f"http://127.0.0.1:{cfg.dashboard_port}/api/v0/nodes?limit=1000&detail=true"
+    try:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            nodes = json.loads(r.read())["data"]["result"]["result"]
+    except Exception:
+        return []
+    return [n for n in nodes if n.get("state") == "ALIVE"]
 
 
 def part_healthy(cfg: StackConfig, part: str) -> bool:
@@ -210,6 +271,9 @@ def part_healthy(cfg: StackConfig, part: str) -> bool:
         return objectstore.healthy(cfg.s3_port)
     if part == "prometheus":
         return prometheus.healthy(cfg.prometheus_port)
+    if part == "nodes":
+        labels = {(n.get("labels") or {}).get(NODE_LABEL) for n in ray_nodes(cfg)}
+        return all(f"worker-{i}" in labels for i in range(1, cfg.nodes + 1))
     raise ValueError(part)
 
 
@@ -233,7 +297,7 @@ def _spawn(state: Path, name: str, argv: list[str], extra_env: dict[str, str]) -
 
 
 def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
-    """Start every part (or only `parts`: "ray", "mlflow", "s3", "prometheus") that is not already healthy;
+    """Start every part (or only `parts`: "ray", "mlflow", "s3", "prometheus", "nodes") that is not already healthy;
     wait until each answers. Idempotent. `notes` in the result says why a part that is on did not start."""
     state = cfg.state
     state.mkdir(parents=True, exist_ok=True)
@@ -264,7 +328,10 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
                 f"(e.g. `python -m pipelines.stack up {part}_port=...`, see StackConfig) or stop that process"
             )
     started: list[str] = []
+    deadline = time.time() + cfg.timeout_s
     for part in to_start:
+        if part == "nodes":  # worker nodes join a head that answers
+            _wait_healthy(cfg, "ray", specs["ray"] if "ray" in specs else [], data, deadline)
         data.setdefault("parts", {})[part] = [n for n, _, _ in specs[part]]
         for name, argv, env in specs[part]:
             if not pid_alive(data["pids"].get(name, -1)):
@@ -272,14 +339,8 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
                 started.append(name)
         _write_state(state, data)
     _write_state(state, data)
-    deadline = time.time() + cfg.timeout_s
     for part in specs:
-        while not part_healthy(cfg, part):
-            dead = [n for n, _, _ in specs[part] if not pid_alive(data["pids"].get(n, -1))]
-            if dead or time.time() > deadline:
-                why = f"{dead[0]} exited" if dead else f"no answer after {cfg.timeout_s}s"
-                raise RuntimeError(f"{part}: {why}; see {state / 'logs' / ((dead or [part])[0] + '.log')}")
-            time.sleep(0.5)
+        _wait_healthy(cfg, part, specs[part], data, deadline)
     if "s3" in specs:
         objectstore.ensure_bucket(cfg.bucket, cfg.s3_port)
     if "prometheus" in specs and "ray-head" in data["pids"]:
@@ -287,6 +348,16 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
         if session:
             prometheus.link_ray_targets(state, session)
     return {"started": started, "state_dir": str(state), "notes": notes}
+
+
+def _wait_healthy(cfg: StackConfig, part: str, procs: list, data: dict, deadline: float) -> None:
+    """Wait until `part` answers; fail at once, naming its log, when one of its processes has exited."""
+    while not part_healthy(cfg, part):
+        dead = [n for n, _, _ in procs if not pid_alive(data["pids"].get(n, -1))]
+        if dead or time.time() > deadline:
+            why = f"{dead[0]} exited" if dead else f"no answer after {cfg.timeout_s}s"
+            raise RuntimeError(f"{part}: {why}; see {cfg.state / 'logs' / ((dead or [part])[0] + '.log')}")
+        time.sleep(0.5)
 
 
 def down(cfg: StackConfig, grace_s: float = 10.0) -> list[str]:
@@ -331,6 +402,8 @@ def _specs_for_status(cfg: StackConfig) -> dict[str, list[str]]:
         parts["s3"] = _read_state(cfg.state).get("parts", {}).get("s3", [])
     if runs_prometheus(cfg):
         parts["prometheus"] = ["prometheus"]
+    if cfg.nodes:
+        parts["nodes"] = [worker_node_name(i) for i in range(1, cfg.nodes + 1)]
     return parts
 
 
@@ -361,9 +434,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("command", choices=["up", "down", "status", "env"])
     p.add_argument("--s3", action="store_true", help="also run the Swift S3-compatible object store")
     p.add_argument("--state-dir", default=None, help="state directory (default .rayline)")
+    p.add_argument("--nodes", type=int, default=None, metavar="N",
+                   help="also run N Ray worker nodes on this machine (a multi-node cluster; node_cpus=K each)")
     p.add_argument("overrides", nargs="*", help="StackConfig key=value, e.g. mlflow_port=5001")
     args = p.parse_args(argv)
-    cfg = load_stack_config(args.state_dir, args.overrides, args.s3 or None)
+    overrides = args.overrides + ([f"nodes={args.nodes}"] if args.nodes is not None else [])
+    cfg = load_stack_config(args.state_dir, overrides, args.s3 or None)
     if args.command == "up":
         try:
             result = up(cfg)

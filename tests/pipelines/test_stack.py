@@ -124,3 +124,67 @@ def test_prometheus_part_alone_runs_and_reloads_nothing_twice(mini_cfg):
     finally:
         stopped = stack.down(mini_cfg)
     assert stopped == ["prometheus"]
+
+
+NODE_PLACEMENT = """
+import json, ray
+from pipelines.ray_cluster import init_ray
+init_ray()
+labels = {n["NodeID"]: n["Labels"].get("rayline.io/node") for n in ray.nodes() if n["Alive"]}
+@ray.remote(num_cpus=1)
+def node():
+    return ray.get_runtime_context().get_node_id()
+ran_on = {want: labels[ray.get(node.options(label_selector={"rayline.io/node": want}).remote())]
+          for want in ("worker-1", "worker-2", "head")}
+print(json.dumps({"nodes": sorted((n["NodeManagerAddress"], n["Labels"].get("rayline.io/node"), n["Resources"]["CPU"])
+                                  for n in ray.nodes() if n["Alive"]), "ran_on": ran_on}))
+"""
+
+
+def test_worker_nodes_join_the_head_on_loopback(mini_cfg):
+    """`up --nodes 2`: two more raylets on this machine, labelled, placed on by label, scraped, stopped by `down`."""
+    import json
+
+    overrides = [f"{k}={v}" for k, v in stack.to_dict(mini_cfg).items() if k != "state_dir"]
+    first = _cli(mini_cfg, "up", *overrides, "node_cpus=1", "--nodes", "2")
+    try:
+        assert first.returncode == 0, first.stderr + first.stdout
+        assert "ray-worker-1" in first.stdout and "ray-worker-2" in first.stdout
+        status = _cli(mini_cfg, "status")
+        assert status.returncode == 0 and "nodes    healthy" in status.stdout, status.stdout
+        env = {**os.environ, **stack.env_vars(stack.load_stack_config(mini_cfg.state_dir, []))}
+        out = subprocess.run([sys.executable, "-c", NODE_PLACEMENT], capture_output=True, text=True, env=env,
+                             cwd=ROOT, timeout=180)
+        assert out.returncode == 0, out.stderr[-3000:]
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got["nodes"] == [["127.0.0.1", "head", 2.0], ["127.0.0.1", "worker-1", 1.0], ["127.0.0.1", "worker-2", 1.0]]
+        assert got["ran_on"] == {"worker-1": "worker-1", "worker-2": "worker-2", "head": "head"}
+
+        # Each node's metrics agent is found through Ray's discovery file and scraped.
+        node_metrics = {f"http://127.0.0.1:{stack.worker_node_ports(mini_cfg, i)['metrics_export']}/metrics" for i in (1, 2)}
+        deadline = time.time() + 60
+        while not node_metrics <= (up := {t["url"] for t in prometheus.targets("http://127.0.0.1:9290")
+                                          if t["job"] == "ray" and t["health"] == "up"}) and time.time() < deadline:
+            time.sleep(1)
+        assert node_metrics <= up, up
+
+        # No process of the stack listens beyond loopback, the worker nodes' included.
+        pids = stack._read_state(mini_cfg.state)["pids"].values()
+        members = {p for sid in pids for p in stack.session_members(sid)}
+        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+        ours = [ln.split()[3] for ln in listening if any(f"pid={p}," in ln for p in members)]
+        assert ours and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in ours), ours
+    finally:
+        pids = stack._read_state(mini_cfg.state)["pids"]
+        down = _cli(mini_cfg, "down")
+    assert down.returncode == 0 and "ray-worker-1" in down.stdout and "ray-worker-2" in down.stdout
+    assert not any(stack.pid_alive(p) for p in pids.values())
+
+
+@pytest.mark.parametrize("overrides, field", [({"nodes": -1}, "nodes"), ({"node_cpus": 0}, "node_cpus"),
+                                              ({"nodes": 3, "node_port_base": 65300}, "node_port_base")])
+def test_bad_worker_node_settings_are_named(overrides, field):
+    from pipelines.config import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        from_dict(stack.StackConfig, overrides, "stack.json")
