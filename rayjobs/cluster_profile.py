@@ -58,6 +58,28 @@ class SecretRefs:
 
 
 @dataclass
+class Autoscaling:
+    """Ray's in-tree autoscaler (autoscaler v2) on the rendered clusters: it adds worker pods while tasks,
+    actors or Serve replicas wait for resources and removes pods idle for `idle_timeout_s`. A RayService
+    autoscales when its serve config's `autoscaling.min_replicas` is below `max_replicas`; a RayJob when `jobs`
+    is on."""
+
+    jobs: bool = False
+    """RayJobs start with `min_job_workers` worker pods and grow to what the stage needs as it asks;
+    off: the job's cluster is created at full size."""
+    min_job_workers: int = 0
+    idle_timeout_s: int = 60
+    """Seconds an idle worker pod is kept before the autoscaler removes it (`idleTimeoutSeconds`)."""
+    upscaling_mode: Literal["Default", "Aggressive", "Conservative"] = "Default"
+    """How fast pods are added: Default/Aggressive add what is pending at once; Conservative rate-limits
+    (KubeRay's `upscalingMode`)."""
+
+    def __post_init__(self):
+        require(self.min_job_workers >= 0, "autoscaling.min_job_workers", f"must be >= 0, got {self.min_job_workers}")
+        require(self.idle_timeout_s >= 0, "autoscaling.idle_timeout_s", f"must be >= 0, got {self.idle_timeout_s}")
+
+
+@dataclass
 class Profile:
     namespace: str = "rayline"
     image: str = f"rayproject/ray-llm:{RAY_VERSION}-py311-cu128"
@@ -83,6 +105,7 @@ class Profile:
     kueue_queue: str | None = None
     """When set, jobs carry `kueue.x-k8s.io/queue-name` and start suspended for Kueue to admit."""
     upgrade_strategy: Literal["NewCluster", "NewClusterWithIncrementalUpgrade", "None"] = "NewCluster"
+    autoscaling: Autoscaling = field(default_factory=Autoscaling)
 
     def __post_init__(self):
         require(RAY_VERSION in self.image.rsplit(":", 1)[-1], "image",

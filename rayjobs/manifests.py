@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import yaml
 
@@ -102,7 +102,9 @@ def _pod(container: dict, profile: Profile, gpu: bool, accelerator_type: str | N
 
 def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = None, serve: bool = False) -> dict:
     """A RayCluster spec: a head that carries no work (num-cpus 0) and one worker group sized by `shape`.
-    A serving cluster's pods also carry Serve's request-path settings (SERVE_PROCESS_ENV)."""
+    A serving cluster's pods also carry Serve's request-path settings (SERVE_PROCESS_ENV). With a
+    `shape.min_workers` below `shape.workers` the cluster autoscales (autoscaler v2) between the two, starting
+    at the minimum."""
     envs = _env(profile, {**SERVE_PROCESS_ENV, **(env or {})} if serve else env)
     head_ports = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), METRICS_PORT] + (
         [("serve", 8000)] if serve else [])
@@ -114,9 +116,10 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
     worker = _container("ray-worker", profile, cpu, memory, shape.gpus_per_worker, envs, [METRICS_PORT])
     metrics_params = {"metrics-export-port": str(METRICS_PORT[1])}
     min_workers = shape.workers if shape.min_workers is None else shape.min_workers
+    autoscaling = min_workers < shape.workers
     worker_group = {
         "groupName": group,
-        "replicas": shape.workers,
+        "replicas": min_workers,
         "minReplicas": min_workers,
         "maxReplicas": shape.workers,
         "rayStartParams": dict(metrics_params),
@@ -132,8 +135,11 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
         },
         "workerGroupSpecs": [worker_group],
     }
-    if shape.min_workers is not None and shape.min_workers != shape.workers:
+    if autoscaling:
+        auto = profile.autoscaling
         spec["enableInTreeAutoscaling"] = True
+        spec["autoscalerOptions"] = {"version": "v2", "idleTimeoutSeconds": auto.idle_timeout_s,
+                                     "upscalingMode": auto.upscaling_mode}
     return spec
 
 
@@ -147,13 +153,20 @@ def _metadata(name: str, profile: Profile, stage: str, annotations: dict[str, st
     return meta
 
 
+def job_shape(shape: Shape, profile: Profile) -> Shape:
+    """A job's shape under the profile: with `autoscaling.jobs` its cluster starts at `min_job_workers` pods."""
+    if not profile.autoscaling.jobs or shape.workers == 0:
+        return shape
+    return replace(shape, min_workers=min(profile.autoscaling.min_job_workers, shape.workers))
+
+
 def rayjob(name: str, stage: str, entrypoint: str, runtime_env: dict, shape: Shape, profile: Profile,
            annotations: dict[str, str] | None = None) -> dict:
     """A RayJob that creates its own cluster, runs `entrypoint`, and deletes the cluster afterwards."""
     spec = {
         "entrypoint": entrypoint,
         "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True),
-        "rayClusterSpec": cluster_spec(shape, profile),
+        "rayClusterSpec": cluster_spec(job_shape(shape, profile), profile),
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": profile.ttl_seconds_after_finished,
         "activeDeadlineSeconds": profile.active_deadline_seconds,

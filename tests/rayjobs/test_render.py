@@ -118,3 +118,65 @@ def test_config_outside_project_is_refused(tmp_path, profile):
 def test_cluster_spec_head_carries_no_work(profile):
     spec = cluster_spec(Shape(workers=3), profile)
     assert spec["workerGroupSpecs"][0]["replicas"] == 3 and spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+
+
+def _worker_group(doc: dict) -> dict:
+    cluster = doc["spec"].get("rayClusterSpec") or doc["spec"]["rayClusterConfig"]
+    return cluster["workerGroupSpecs"][0]
+
+
+def test_serving_with_a_replica_range_autoscales_pods_with_autoscaler_v2(profile):
+    # CPU engines: one pod per replica, so min_replicas=1, max_replicas=3 is a 1..3 pod group.
+    doc = render.render("serve", str(ROOT / "configs/serve/tiny_cpu.yaml"), profile,
+                        ["autoscaling.min_replicas=1", "autoscaling.max_replicas=3"])
+    cluster = doc["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"] == {"version": "v2", "idleTimeoutSeconds": profile.autoscaling.idle_timeout_s,
+                                            "upscalingMode": profile.autoscaling.upscaling_mode}
+    group = _worker_group(doc)
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 3)
+    assert validate_manifest(doc) == []
+    fixed = render.render("serve", str(ROOT / "configs/serve/tiny_cpu.yaml"), profile,
+                          ["autoscaling.min_replicas=2", "autoscaling.max_replicas=2"])
+    assert "enableInTreeAutoscaling" not in fixed["spec"]["rayClusterConfig"]
+    assert "autoscalerOptions" not in fixed["spec"]["rayClusterConfig"]
+
+
+def test_jobs_autoscale_from_the_profiles_minimum_when_asked(profile):
+    import dataclasses
+
+    config = str(ROOT / "configs/train/tiny.yaml")
+    full = _worker_group(render.render("train", config, profile))
+    assert "enableInTreeAutoscaling" not in render.render("train", config, profile)["spec"]["rayClusterSpec"]
+    auto = dataclasses.replace(profile, autoscaling=dataclasses.replace(
+        profile.autoscaling, jobs=True, min_job_workers=0, idle_timeout_s=120, upscaling_mode="Conservative"))
+    doc = render.render("train", config, auto)
+    cluster = doc["spec"]["rayClusterSpec"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"] == {"version": "v2", "idleTimeoutSeconds": 120, "upscalingMode": "Conservative"}
+    group = _worker_group(doc)
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (0, 0, full["maxReplicas"])
+    assert validate_manifest(doc) == []
+    # The rollout job needs no workers: nothing to scale.
+    rollout = render.render("rollout", str(ROOT / "configs/rollout/tiny.yaml"), auto)
+    assert "enableInTreeAutoscaling" not in rollout["spec"]["rayClusterSpec"]
+
+
+def test_autoscaler_settings_the_validator_refuses_are_named(profile):
+    doc = render.render("serve", str(ROOT / "configs/serve/tiny_cpu.yaml"), profile,
+                        ["autoscaling.min_replicas=1", "autoscaling.max_replicas=3"])
+    _worker_group(doc)["template"]["spec"]["restartPolicy"] = "Always"  # autoscaler v2 removes pods itself
+    problems = validate_manifest(doc)
+    assert any("restartPolicy" in str(p) and "autoscaler V2" in str(p) for p in problems), problems
+    _worker_group(doc)["template"]["spec"].pop("restartPolicy")
+    _worker_group(doc).update(minReplicas=4)  # above maxReplicas 3
+    assert any("minReplicas 4 greater than maxReplicas 3" in str(p) for p in validate_manifest(doc))
+
+
+@pytest.mark.parametrize("key, value", [("autoscaling.idle_timeout_s", "-1"), ("autoscaling.min_job_workers", "-2"),
+                                        ("autoscaling.upscaling_mode", "Fast")])
+def test_bad_autoscaling_profile_is_named(key, value):
+    from rayjobs.cluster_profile import Profile
+
+    with pytest.raises(ConfigError, match=key.split(".")[-1]):
+        render.load_config(Profile, render.DEFAULT_PROFILE, [f"{key}={value}"])
