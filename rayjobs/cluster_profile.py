@@ -80,6 +80,27 @@ class Autoscaling:
 
 
 @dataclass
+class GcsFaultTolerance:
+    """GCS fault tolerance for RayServices: the head's GCS keeps its state in an external Redis, so a restarted
+    GCS or head pod gets the cluster's actors, placement groups and Serve apps back while the worker pods go
+    on serving. RayJobs' clusters live for one job and do without."""
+
+    redis_address: str | None = None
+    """`host:port` of the Redis; None: off."""
+    password_secret: str | None = "rayline-redis"
+    """The Secret with the Redis password (key `password_key`); None: a Redis without a password."""
+    password_key: str = "password"
+    external_storage_namespace: str | None = None
+    """Keeps several clusters apart in one Redis; None: KubeRay's default (the RayCluster's UID)."""
+
+    def __post_init__(self):
+        if self.redis_address is not None:
+            host, _, port = self.redis_address.rpartition(":")
+            require(bool(host) and port.isdigit() and 0 < int(port) < 65536, "gcs_fault_tolerance.redis_address",
+                    f"must be host:port (e.g. redis.rayline.svc:6379), got {self.redis_address!r}")
+
+
+@dataclass
 class Profile:
     namespace: str = "rayline"
     image: str = f"rayproject/ray-llm:{RAY_VERSION}-py311-cu128"
@@ -106,6 +127,7 @@ class Profile:
     """When set, jobs carry `kueue.x-k8s.io/queue-name` and start suspended for Kueue to admit."""
     upgrade_strategy: Literal["NewCluster", "NewClusterWithIncrementalUpgrade", "None"] = "NewCluster"
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
+    gcs_fault_tolerance: GcsFaultTolerance = field(default_factory=GcsFaultTolerance)
 
     def __post_init__(self):
         require(RAY_VERSION in self.image.rsplit(":", 1)[-1], "image",

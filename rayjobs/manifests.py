@@ -179,6 +179,19 @@ def rayjob(name: str, stage: str, entrypoint: str, runtime_env: dict, shape: Sha
             "spec": spec}
 
 
+def gcs_fault_tolerance(profile: Profile) -> dict | None:
+    """KubeRay's `gcsFaultToleranceOptions` from the profile (Redis backend; the password only by secretKeyRef)."""
+    ft = profile.gcs_fault_tolerance
+    if not ft.redis_address:
+        return None
+    options: dict = {"redisAddress": ft.redis_address}
+    if ft.password_secret:
+        options["redisPassword"] = {"valueFrom": {"secretKeyRef": {"name": ft.password_secret, "key": ft.password_key}}}
+    if ft.external_storage_namespace:
+        options["externalStorageNamespace"] = ft.external_storage_namespace
+    return options
+
+
 def rayservice(name: str, serve_config: dict, shape: Shape, profile: Profile,
                annotations: dict[str, str] | None = None) -> dict:
     """A RayService running `serve_config` (the `serve deploy` schema) on a cluster sized by `shape`."""
@@ -186,6 +199,9 @@ def rayservice(name: str, serve_config: dict, shape: Shape, profile: Profile,
         "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
         "rayClusterConfig": cluster_spec(shape, profile, serve=True),
     }
+    ft = gcs_fault_tolerance(profile)
+    if ft:
+        spec["rayClusterConfig"]["gcsFaultToleranceOptions"] = ft
     if profile.upgrade_strategy != "None":
         spec["upgradeStrategy"] = {"type": profile.upgrade_strategy}
     return {"apiVersion": "ray.io/v1", "kind": "RayService",

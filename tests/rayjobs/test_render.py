@@ -180,3 +180,34 @@ def test_bad_autoscaling_profile_is_named(key, value):
 
     with pytest.raises(ConfigError, match=key.split(".")[-1]):
         render.load_config(Profile, render.DEFAULT_PROFILE, [f"{key}={value}"])
+
+
+def test_gcs_fault_tolerance_goes_on_the_rayservice_with_the_password_by_reference(profile):
+    import dataclasses
+
+    ft = dataclasses.replace(profile.gcs_fault_tolerance, redis_address="redis.rayline.svc.cluster.local:6379",
+                             external_storage_namespace="rayline-serve")
+    with_ft = dataclasses.replace(profile, gcs_fault_tolerance=ft)
+    doc = render.render("serve", str(ROOT / "configs/serve/tiny_cpu.yaml"), with_ft)
+    assert doc["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"] == {
+        "redisAddress": "redis.rayline.svc.cluster.local:6379",
+        "redisPassword": {"valueFrom": {"secretKeyRef": {"name": "rayline-redis", "key": "password"}}},
+        "externalStorageNamespace": "rayline-serve"}
+    assert validate_manifest(doc) == []
+    # KubeRay refuses the old way beside it: the Redis address also in the head's env.
+    head = doc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["env"].append({"name": "RAY_REDIS_ADDRESS", "value": "redis:6379"})
+    assert any("RAY_REDIS_ADDRESS" in str(p) for p in validate_manifest(doc))
+    # Off by default, and never on a job's one-off cluster.
+    assert "gcsFaultToleranceOptions" not in render.render("serve", str(ROOT / "configs/serve/tiny_cpu.yaml"),
+                                                           profile)["spec"]["rayClusterConfig"]
+    assert "gcsFaultToleranceOptions" not in render.render("train", str(ROOT / "configs/train/tiny.yaml"),
+                                                           with_ft)["spec"]["rayClusterSpec"]
+
+
+@pytest.mark.parametrize("address", ["redis", "redis:port", ":6379", "redis:70000"])
+def test_bad_redis_address_is_named(address):
+    from rayjobs.cluster_profile import Profile
+
+    with pytest.raises(ConfigError, match="redis_address"):
+        render.load_config(Profile, render.DEFAULT_PROFILE, [f"gcs_fault_tolerance.redis_address={address}"])
