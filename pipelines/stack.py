@@ -261,6 +261,11 @@ def ray_nodes(cfg: StackConfig) -> list[dict]:
     return [n for n in nodes if n.get("state") == "ALIVE"]
 
 
+def _node_labels(cfg: StackConfig) -> set[str]:
+    """The `rayline.io/node` labels of the cluster's alive nodes."""
+    return {(n.get("labels") or {}).get(NODE_LABEL) for n in ray_nodes(cfg)}
+
+
 def part_healthy(cfg: StackConfig, part: str) -> bool:
     if part == "ray":
         token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
@@ -272,7 +277,7 @@ def part_healthy(cfg: StackConfig, part: str) -> bool:
     if part == "prometheus":
         return prometheus.healthy(cfg.prometheus_port)
     if part == "nodes":
-        labels = {(n.get("labels") or {}).get(NODE_LABEL) for n in ray_nodes(cfg)}
+        labels = _node_labels(cfg)
         return all(f"worker-{i}" in labels for i in range(1, cfg.nodes + 1))
     raise ValueError(part)
 
@@ -337,6 +342,11 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
             if not pid_alive(data["pids"].get(name, -1)):
                 data["pids"][name] = _spawn(state, name, argv, env)
                 started.append(name)
+                if part == "nodes":
+                    # One at a time: raylets starting together in one Ray session can pick the same socket name.
+                    _write_state(state, data)
+                    _wait_healthy(cfg, part, [(name, argv, env)], data, deadline,
+                                  lambda: name.removeprefix("ray-") in _node_labels(cfg))
         _write_state(state, data)
     _write_state(state, data)
     for part in specs:
@@ -350,9 +360,10 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
     return {"started": started, "state_dir": str(state), "notes": notes}
 
 
-def _wait_healthy(cfg: StackConfig, part: str, procs: list, data: dict, deadline: float) -> None:
-    """Wait until `part` answers; fail at once, naming its log, when one of its processes has exited."""
-    while not part_healthy(cfg, part):
+def _wait_healthy(cfg: StackConfig, part: str, procs: list, data: dict, deadline: float, ready=None) -> None:
+    """Wait until `part` answers (or `ready()` says so); fail at once, naming its log, when one of its
+    processes has exited."""
+    while not (ready() if ready else part_healthy(cfg, part)):
         dead = [n for n, _, _ in procs if not pid_alive(data["pids"].get(n, -1))]
         if dead or time.time() > deadline:
             why = f"{dead[0]} exited" if dead else f"no answer after {cfg.timeout_s}s"
