@@ -43,35 +43,90 @@ class Totals:
     """First request queued -> last token, on the engine's clock (None when no row reached the engine)."""
 
 
+TOTALS_COLUMNS = ["error", "engine_start_s", "engine_end_s", "prompt_tokens", "output_tokens"]
+SCORE_COLUMNS = ["output", "reference", "task"]
+
+
+class Tally:
+    """Totals and scores of a result set, added up one batch of rows at a time, so a job's results never
+    have to be in memory at once (`add` any number of tables or record batches, then `totals()`/`scores()`)."""
+
+    def __init__(self, metrics: list[str] | None = None):
+        self.metrics = list(metrics or [])
+        self.t = Totals()
+        self.start: float | None = None
+        self.end: float | None = None
+        self.scored = 0
+        self.hits = Counter()
+        """(metric, task or None) -> hits; task None is the metric over every scored row."""
+        self.per_task = Counter()
+        """task -> scored rows."""
+
+    @property
+    def columns(self) -> list[str]:
+        """The result columns `add` reads."""
+        return TOTALS_COLUMNS + (SCORE_COLUMNS if self.metrics else [])
+
+    def add(self, rows: pa.Table | pa.RecordBatch) -> None:
+        self.add_totals(rows)
+        if self.metrics:
+            self.add_scores(rows)
+
+    def add_totals(self, rows: pa.Table | pa.RecordBatch) -> None:
+        errors = [e for e in rows.column("error").to_pylist() if e]
+        starts = [v for v in rows.column("engine_start_s").to_pylist() if v is not None]
+        ends = [v for v in rows.column("engine_end_s").to_pylist() if v is not None]
+        t = self.t
+        t.rows += rows.num_rows
+        t.errors += len(errors)
+        t.error_codes = dict(Counter(t.error_codes) + Counter(e.split(":", 1)[0] for e in errors))
+        t.prompt_tokens += sum(rows.column("prompt_tokens").to_pylist())
+        t.output_tokens += sum(rows.column("output_tokens").to_pylist())
+        if starts:
+            self.start = min(starts + ([self.start] if self.start is not None else []))
+        if ends:
+            self.end = max(ends + ([self.end] if self.end is not None else []))
+
+    def add_scores(self, rows: pa.Table | pa.RecordBatch) -> None:
+        columns = zip(rows.column("output").to_pylist(), rows.column("reference").to_pylist(),
+                      rows.column("task").to_pylist())
+        for output, reference, task in columns:
+            if reference is None:
+                continue
+            self.scored += 1
+            if task is not None:
+                self.per_task[task] += 1
+            for name in self.metrics:
+                if SCORERS[name](output, reference):
+                    self.hits[(name, None)] += 1
+                    if task is not None:
+                        self.hits[(name, task)] += 1
+
+    def totals(self) -> Totals:
+        """Row, error and token counts, and how long the engine was busy."""
+        busy = (self.end - self.start) if self.start is not None and self.end is not None else None
+        return Totals(rows=self.t.rows, errors=self.t.errors, error_codes=dict(self.t.error_codes),
+                      prompt_tokens=self.t.prompt_tokens, output_tokens=self.t.output_tokens, engine_busy_s=busy)
+
+    def scores(self) -> dict[str, float]:
+        """`metric` over rows with a reference, plus `metric.<task>` per task when rows carry one; and `scored_rows`."""
+        result: dict[str, float] = {"scored_rows": float(self.scored)}
+        for name in self.metrics:
+            result[name] = self.hits[(name, None)] / self.scored if self.scored else 0.0
+            for task, n in sorted(self.per_task.items()):
+                result[f"{name}.{task}"] = self.hits[(name, task)] / n
+        return result
+
+
 def totals(table: pa.Table) -> Totals:
     """Row, error and token counts of a result table, and how long the engine was busy."""
-    errors = [e for e in table.column("error").to_pylist() if e]
-    starts = [s for s in table.column("engine_start_s").to_pylist() if s is not None]
-    ends = [s for s in table.column("engine_end_s").to_pylist() if s is not None]
-    return Totals(
-        rows=table.num_rows,
-        errors=len(errors),
-        error_codes=dict(Counter(e.split(":", 1)[0] for e in errors)),
-        prompt_tokens=sum(table.column("prompt_tokens").to_pylist()),
-        output_tokens=sum(table.column("output_tokens").to_pylist()),
-        engine_busy_s=(max(ends) - min(starts)) if starts and ends else None,
-    )
+    tally = Tally()
+    tally.add_totals(table)
+    return tally.totals()
 
 
 def score(table: pa.Table, metrics: list[str]) -> dict[str, float]:
     """`metric` over rows with a reference, plus `metric.<task>` per task when rows carry one; and `scored_rows`."""
-    outputs = table.column("output").to_pylist()
-    references = table.column("reference").to_pylist()
-    tasks = table.column("task").to_pylist()
-    scored = [(o, r, t) for o, r, t in zip(outputs, references, tasks) if r is not None]
-    result: dict[str, float] = {"scored_rows": float(len(scored))}
-    for name in metrics:
-        hits = [SCORERS[name](o, r) for o, r, _ in scored]
-        result[name] = sum(hits) / len(hits) if hits else 0.0
-        by_task: dict[str, list[bool]] = {}
-        for (_, _, task), hit in zip(scored, hits):
-            if task is not None:
-                by_task.setdefault(task, []).append(hit)
-        for task, task_hits in sorted(by_task.items()):
-            result[f"{name}.{task}"] = sum(task_hits) / len(task_hits)
-    return result
+    tally = Tally(metrics)
+    tally.add_scores(table)
+    return tally.scores()

@@ -223,6 +223,19 @@ def read_results(output_uri: str):
     return pq.read_table(path, filesystem=fs)
 
 
+def tally_results(output_uri: str, metrics: list[str], batch_rows: int = 65_536) -> batch_metrics.Tally:
+    """Totals and scores of the results under output_uri, read a batch of rows at a time and only the columns
+    they need: the driver's memory stays flat however large the job."""
+    import pyarrow.dataset as pads
+
+    fs, path = storage.resolve(output_uri)
+    tally = batch_metrics.Tally(metrics)
+    for batch in pads.dataset(path, filesystem=fs, format="parquet").to_batches(columns=tally.columns,
+                                                                                  batch_size=batch_rows):
+        tally.add(batch)
+    return tally
+
+
 def main(cfg: Config) -> Result:
     """Run the stage end to end; print and return the summary."""
     started = time.perf_counter()
@@ -239,8 +252,8 @@ def main(cfg: Config) -> Result:
         run_pipeline(cfg, model_path, info)
     wall = time.perf_counter() - started
 
-    table = read_results(cfg.output_uri)
-    t = batch_metrics.totals(table)
+    tally = tally_results(cfg.output_uri, cfg.metrics if cfg.mode == "eval" else [])
+    t = tally.totals()
     result = Result(
         output_uri=cfg.output_uri, model=info.label, rows=t.rows, errors=t.errors, error_codes=t.error_codes,
         prompt_tokens=t.prompt_tokens, output_tokens=t.output_tokens, wall_s=wall,
@@ -248,7 +261,7 @@ def main(cfg: Config) -> Result:
         steady_output_tokens_per_s=(t.output_tokens / t.engine_busy_s) if t.engine_busy_s else None,
     )
     if cfg.mode == "eval":
-        result.scores = batch_metrics.score(table, cfg.metrics)
+        result.scores = tally.scores()
         counts = {
             "rows": t.rows, "errors": t.errors, "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
             "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
