@@ -91,6 +91,11 @@ class StackConfig:
         require(self.node_cpus >= 1, "node_cpus", f"must be >= 1, got {self.node_cpus}")
         require(0 < self.node_port_base and self.node_port_base + 100 * (self.nodes + 1) < 65536, "node_port_base",
                 f"node_port_base + 100 * (nodes + 1) must stay below 65536, got {self.node_port_base} with {self.nodes} nodes")
+        if self.nodes:
+            lo, hi = self.node_port_base + 100, self.node_port_base + 100 * (self.nodes + 1) - 1
+            require(hi < self.min_worker_port or lo > self.max_worker_port, "node_port_base",
+                    f"the worker nodes' ports {lo}-{hi} overlap the head's worker ports "
+                    f"{self.min_worker_port}-{self.max_worker_port}")
         for name in ("ray_port", "dashboard_port", "ray_client_port", "dashboard_agent_port", "metrics_export_port"):
             port = getattr(self, name)
             require(not self.min_worker_port <= port <= self.max_worker_port, name,

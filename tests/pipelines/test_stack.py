@@ -182,7 +182,8 @@ def test_worker_nodes_join_the_head_on_loopback(mini_cfg):
 
 
 @pytest.mark.parametrize("overrides, field", [({"nodes": -1}, "nodes"), ({"node_cpus": 0}, "node_cpus"),
-                                              ({"nodes": 3, "node_port_base": 65300}, "node_port_base")])
+                                              ({"nodes": 3, "node_port_base": 65300}, "node_port_base"),
+                                              ({"nodes": 2, "node_port_base": 10000}, "overlap the head's worker ports")])
 def test_bad_worker_node_settings_are_named(overrides, field):
     from pipelines.config import ConfigError
 
