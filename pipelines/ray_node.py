@@ -1,4 +1,5 @@
-"""`ray start --address ... --block` for a worker node of the local stack, kept on loopback.
+"""The local stack's worker nodes: their ports, labels and `ray start` line, and the launcher that runs it
+(`ray start --address ... --block`, kept on loopback).
 
     python -m pipelines.ray_node --address=127.0.0.1:6379 [any other `ray start` option ...]
 
@@ -13,7 +14,48 @@ processes) is `ray start`'s. Its workers keep the environment's switch, so they 
 
 from __future__ import annotations
 
+import json
 import sys
+import urllib.request
+
+NODE_LABEL = "rayline.io/node"
+"""The label every node of the stack carries: `head`, or `worker-<i>` for worker node i."""
+NODE_PORTS = ("node_manager", "object_manager", "dashboard_agent_listen", "dashboard_agent_grpc", "runtime_env_agent",
+              "metrics_export")
+
+
+def worker_node_ports(cfg, i: int) -> dict[str, int]:
+    """The fixed ports of worker node i (1-based) of a StackConfig; its workers take the rest of its block of 100."""
+    base = cfg.node_port_base + 100 * i
+    return {name: base + k for k, name in enumerate(NODE_PORTS)}
+
+
+def worker_node_name(i: int) -> str:
+    return f"ray-worker-{i}"
+
+
+def worker_node_argv(cfg, i: int, python: str) -> list[str]:
+    """`ray start` of worker node i through this launcher: joins the head's GCS, with its own ports, CPUs and label."""
+    first_worker_port = cfg.node_port_base + 100 * i + 10
+    return [
+        python, "-m", "pipelines.ray_node", "--block", f"--address=127.0.0.1:{cfg.ray_port}",
+        "--node-ip-address=127.0.0.1", f"--num-cpus={cfg.node_cpus}", "--disable-usage-stats",
+        *(f"--{name.replace('_', '-')}-port={port}" for name, port in worker_node_ports(cfg, i).items()),
+        f"--min-worker-port={first_worker_port}", f"--max-worker-port={first_worker_port + 89}",
+        f"--labels={NODE_LABEL}=worker-{i}",
+    ]
+
+
+def alive_nodes(dashboard_port: int, token: str | None) -> list[dict]:
+    """The cluster's alive nodes as the head's dashboard lists them (node_id, labels, resources_total)."""
+    url = f"http://127.0.0.1:{dashboard_port}/api/v0/nodes?limit=1000&detail=true"
+    try:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            nodes = json.loads(r.read())["data"]["result"]["result"]
+    except Exception:
+        return []
+    return [n for n in nodes if n.get("state") == "ALIVE"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pipelines import objectstore, prometheus
 from pipelines.processes import pid_alive, ray_session_dir, session_members
+from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_argv, worker_node_name, worker_node_ports
 from pipelines.config import ConfigError, apply_overrides, from_dict, require, to_dict
 from pipelines.ray_env import SERVE_PROCESS_ENV
 
@@ -130,22 +131,6 @@ def _ports(cfg: StackConfig) -> dict[str, list[int]]:
     return ports
 
 
-NODE_LABEL = "rayline.io/node"
-"""The label every node of the stack carries: `head`, or `worker-<i>` for worker node i."""
-NODE_PORTS = ("node_manager", "object_manager", "dashboard_agent_listen", "dashboard_agent_grpc", "runtime_env_agent",
-              "metrics_export")
-
-
-def worker_node_ports(cfg: StackConfig, i: int) -> dict[str, int]:
-    """The fixed ports of worker node i (1-based); its workers take the rest of its block of 100."""
-    base = cfg.node_port_base + 100 * i
-    return {name: base + k for k, name in enumerate(NODE_PORTS)}
-
-
-def worker_node_name(i: int) -> str:
-    return f"ray-worker-{i}"
-
-
 def runs_prometheus(cfg: StackConfig) -> bool:
     """Prometheus is on in the config and installed here (`up` says why when it is on but cannot run)."""
     return cfg.prometheus and prometheus.available() is None
@@ -232,43 +217,17 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
     if cfg.s3:
         specs["s3"] = [(n, a, {}) for n, a in objectstore.prepare(st, cfg.s3_port, cfg.memcached_port)]
     if cfg.nodes:
-        specs["nodes"] = [(worker_node_name(i), _worker_node_argv(cfg, i), ray_env) for i in range(1, cfg.nodes + 1)]
+        specs["nodes"] = [(worker_node_name(i), worker_node_argv(cfg, i, _python()), ray_env) for i in range(1, cfg.nodes + 1)]
     if runs_prometheus(cfg):
         specs["prometheus"] = [("prometheus", prometheus.prepare(st, cfg.prometheus_port, cfg.mlflow_port,
                                                                    cfg.scrape_interval_s), {})]
     return specs
 
 
-def _worker_node_argv(cfg: StackConfig, i: int) -> list[str]:
-    """`ray start` of worker node i (through pipelines/ray_node.py, which keeps it on loopback): joins the head's
-    GCS, with its own ports, CPUs and label."""
-    ports = worker_node_ports(cfg, i)
-    first_worker_port = cfg.node_port_base + 100 * i + 10
-    return [
-        _python(), "-m", "pipelines.ray_node", "--block", f"--address=127.0.0.1:{cfg.ray_port}",
-        "--node-ip-address=127.0.0.1", f"--num-cpus={cfg.node_cpus}", "--disable-usage-stats",
-        *(f"--{name.replace('_', '-')}-port={port}" for name, port in ports.items()),
-        f"--min-worker-port={first_worker_port}", f"--max-worker-port={first_worker_port + 89}",
-        f"--labels={NODE_LABEL}=worker-{i}",
-    ]
-
-
-def ray_nodes(cfg: StackConfig) -> list[dict]:
-    """The cluster's alive nodes as the head's dashboard lists them (node_id, labels, resources_total)."""
-    token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
-    url = f"http://127.0.0.1:{cfg.dashboard_port}/api/v0/nodes?limit=1000&detail=true"
-    try:
-        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-        with urllib.request.urlopen(req, timeout=5) as r:
-            nodes = json.loads(r.read())["data"]["result"]["result"]
-    except Exception:
-        return []
-    return [n for n in nodes if n.get("state") == "ALIVE"]
-
-
 def _node_labels(cfg: StackConfig) -> set[str]:
     """The `rayline.io/node` labels of the cluster's alive nodes."""
-    return {(n.get("labels") or {}).get(NODE_LABEL) for n in ray_nodes(cfg)}
+    token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
+    return {(n.get("labels") or {}).get(NODE_LABEL) for n in alive_nodes(cfg.dashboard_port, token)}
 
 
 def part_healthy(cfg: StackConfig, part: str) -> bool:
