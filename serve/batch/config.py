@@ -66,9 +66,17 @@ class Config:
     metrics: list[str] = field(default_factory=lambda: ["exact_match"])
     """Eval metrics to compute, log and tag on the model version (from METRICS)."""
     limit: int | None = None
-    """Only the first N input rows (smoke runs)."""
+    """Only the first N input rows (smoke runs; such a run is not resumable)."""
     overwrite: bool = False
-    """Replace an existing output directory; otherwise a non-empty one is an error."""
+    """Replace a finished run's output; otherwise a non-empty output directory is an error. An interrupted
+    run's output is resumed, not replaced (see `resumable`)."""
+    resumable: bool = True
+    """Record which input rows are written (Ray Data's job-level checkpoint, keyed on each row's `source`), so
+    that the same job started again after a crash answers only the rows not written yet and its output holds
+    every input row exactly once (serve/batch/resume.py). Off when `limit` is set."""
+    checkpoint_uri: str | None = None
+    """Where that record is kept while the job runs; default `<output_uri>.checkpoint`, beside the output. On a
+    cluster it must be storage every node reaches (s3://, or a shared mount). Deleted when the job ends."""
     progress_every_s: float = 10.0
     """Seconds between progress lines in the job log (rows written / planned, rows/s, ETA); 0 = none."""
     num_engines: int = 1
@@ -110,6 +118,12 @@ class Config:
         )
         require(
             0 < self.cpu_stage_num_cpus <= 1, "cpu_stage_num_cpus", f"must be in (0, 1], got {self.cpu_stage_num_cpus}"
+        )
+        if self.limit:
+            self.resumable = False
+        require(
+            self.checkpoint_uri is None or self.checkpoint_uri.rstrip("/") != self.output_uri.rstrip("/"),
+            "checkpoint_uri", "must not be output_uri itself (the output directory holds only result files)",
         )
         if self.mode == "eval" and "exact_match" not in self.metrics:
             self.metrics = ["exact_match", *self.metrics]

@@ -1,12 +1,14 @@
 """Batch inference and evaluation: Ray Data reads prompts, a vLLM engine actor pool answers them, Parquet out.
 
-    read (JSONL lines | Parquet rows)        tasks, cpu_stage_num_cpus each
+    read (JSONL lines | Parquet rows)        tasks, cpu_stage_num_cpus each; every row with its `source`
+                                             (file:line), serve/batch/inputs.py
       -> ray.data.llm vLLM engine stage      actor pool of num_engines, placement from serve/engine.py; the
                                              UDF is serve/batch/engine_stage.py's: rows.PromptValidator (chat
                                              template, tokenize, refuse bad rows with a reason), then Ray's
                                              stage (EngineCore forked on CPU)
       -> result_rows                         tasks: one schema for answered and refused rows
-      -> write_parquet(output_uri)
+      -> write_parquet(output_uri)            with Ray Data's job-level checkpoint: a job started again after a
+                                             crash answers only the rows not written yet (serve/batch/resume.py)
 then, from the written Parquet: totals, eval metrics, and in eval mode an MLflow run plus `eval.*` tags on
 the model version. ray.data.llm's own chat-template/tokenize/detokenize stages are off: the validator has
 to tokenize anyway to refuse over-long prompts, and vLLM detokenizes as it generates, so each would only
@@ -15,29 +17,25 @@ or transformers' model code (serve/batch/driver_start.py): only the engine actor
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 import ray.data
 
 from pipelines import metrics, storage
-from pipelines.ray_cluster import init_ray, read_parquet
+from pipelines.ray_cluster import init_ray
 from serve import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
 from serve.batch.driver_start import plan_without_engine_imports
+from serve.batch.inputs import count_input_rows, input_format, read_inputs
 from serve.batch.progress import ProgressReporter
+from serve.batch.resume import job_checkpoint, prepare_output
 from serve.batch.rows import result_rows
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
-
-JSONL_EXTENSIONS = ("jsonl", "json", "ndjson")
-
 
 @dataclass
 class Result:
@@ -52,99 +50,19 @@ class Result:
     wall_s: float
     """End to end: model resolution, engine start-up, inference and writing."""
     output_tokens_per_s: float
-    """Output tokens over wall_s."""
+    """This run's output tokens over wall_s."""
     steady_output_tokens_per_s: float | None
     """Output tokens over the engine's busy time (first request queued -> last token): start-up excluded."""
     scores: dict[str, float] = field(default_factory=dict)
     eval_run_id: str | None = None
-
-
-def input_format(cfg: Config) -> str:
-    """`jsonl` or `parquet`: as configured, else from the file extension(s) under input_uri."""
-    if cfg.input_format != "auto":
-        return cfg.input_format
-    fs, path = storage.resolve(cfg.input_uri)
-    files = [PurePosixPath(path).name] if fs.get_file_info(path).is_file else storage.list_files(cfg.input_uri)
-    if not files:
-        raise FileNotFoundError(f"input_uri {cfg.input_uri}: no such file, or an empty directory")
-    exts = {PurePosixPath(f).suffix.lstrip(".").lower() for f in files if not PurePosixPath(f).name.startswith(".")}
-    if exts <= set(JSONL_EXTENSIONS):
-        return "jsonl"
-    if exts == {"parquet"}:
-        return "parquet"
-    raise ValueError(
-        f"input_uri {cfg.input_uri}: cannot tell the format from extensions {sorted(exts)}; "
-        "set input_format: jsonl or parquet"
-    )
-
-
-def prepare_output(cfg: Config) -> None:
-    """Refuse to mix two runs' results in one directory unless `overwrite` says to replace it."""
-    if storage.exists(cfg.output_uri) and storage.list_files(cfg.output_uri):
-        if not cfg.overwrite:
-            raise FileExistsError(
-                f"output_uri {cfg.output_uri}: already holds results; pick another directory or set overwrite=true"
-            )
-        storage.delete_tree(cfg.output_uri)
-
-
-def read_blocks(cfg: Config, input_bytes: int) -> int:
-    """Blocks to read the input as: Ray Data's own choice (about one per MiB, at most 200) but never fewer than
-    two a batch slot of every engine. A 512-prompt file is otherwise 4 blocks, and an engine task a whole block
-    (four batches): the first engine up takes every block while the others are still loading."""
-    slots = cfg.num_engines * cfg.max_concurrent_batches
-    return max(2 * slots, min(200, math.ceil(input_bytes / eng.MiB)))
-
-
-def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
-    fs, path = storage.resolve(cfg.input_uri)
-    blocks = read_blocks(cfg, storage.total_bytes(cfg.input_uri))
-    if fmt == "jsonl":
-        # Lines, not pyarrow's JSON reader: one malformed line becomes one refused row, not a failed read.
-        # With `input_format: jsonl` said outright, any file name goes; `auto` only picks JSONL extensions.
-        exts = None if cfg.input_format == "jsonl" else list(JSONL_EXTENSIONS)
-        # utf-8-sig: a byte-order mark at a file's start (Windows tools write one) is not part of its first record.
-        ds = ray.data.read_text(
-            path, encoding="utf-8-sig", filesystem=fs, file_extensions=exts, num_cpus=cfg.cpu_stage_num_cpus,
-            override_num_blocks=blocks,
-        )
-    else:
-        ds = read_parquet(path, filesystem=fs, num_cpus=cfg.cpu_stage_num_cpus, override_num_blocks=blocks)
-    return ds.limit(cfg.limit) if cfg.limit else ds
+    resumed_rows: int = 0
+    """Rows an interrupted earlier run of the job had written (kept, not answered again); the totals count
+    them, the throughput figures do not."""
 
 
 def metric_tags(cfg: Config, info: eng.ModelInfo) -> dict[str, str]:
     """Labels of this job's batch metrics (pipelines/metrics.py): the output's name, the model version, the mode."""
     return {"run": storage.basename(cfg.output_uri), "model": info.label, "mode": cfg.mode}
-
-
-def count_input_rows(cfg: Config, fmt: str) -> int:
-    """Rows the job will answer: Parquet footers' row counts, or JSONL lines (non-blank), capped by `limit`."""
-    fs, root = storage.resolve(cfg.input_uri)
-    single = fs.get_file_info(root).type == pafs.FileType.File
-    files = [cfg.input_uri] if single else [storage.join(cfg.input_uri, rel) for rel in storage.list_files(cfg.input_uri)]
-    total = 0
-    for uri in files:
-        fs, path = storage.resolve(uri)
-        if fmt == "jsonl":
-            if cfg.input_format != "jsonl" and not uri.lower().endswith(tuple("." + e for e in JSONL_EXTENSIONS)):
-                continue
-            total += _non_empty_lines(fs, path)
-        elif uri.endswith(".parquet"):
-            with fs.open_input_file(path) as f:
-                total += pq.ParquetFile(f).metadata.num_rows
-    return min(total, cfg.limit) if cfg.limit else total
-
-
-def _non_empty_lines(fs, path: str, chunk: int = 8 << 20) -> int:
-    """Lines with something on them (what read_text keeps), read in chunks."""
-    n, tail = 0, b""
-    with fs.open_input_stream(path) as f:
-        while data := f.read(chunk):
-            lines = (tail + data).split(b"\n")
-            tail = lines.pop()
-            n += sum(1 for line in lines if line.strip())
-    return n + (1 if tail.strip() else 0)
 
 
 def engine_processor(cfg: Config, model_path: str, jsonl: bool = True):
@@ -223,49 +141,61 @@ def read_results(output_uri: str):
     return pq.read_table(path, filesystem=fs)
 
 
-def tally_results(output_uri: str, metrics: list[str], batch_rows: int = 65_536) -> batch_metrics.Tally:
-    """Totals and scores of the results under output_uri, read a batch of rows at a time and only the columns
-    they need: the driver's memory stays flat however large the job."""
+def tally_results(output_uri: str, metrics: list[str], batch_rows: int = 65_536,
+                  skip: frozenset[str] = frozenset()) -> batch_metrics.Tally:
+    """Totals and scores of the results under output_uri (less the files named in `skip`, relative), read a
+    batch of rows at a time and only the columns they need: the driver's memory stays flat however large
+    the job."""
     import pyarrow.dataset as pads
 
     fs, path = storage.resolve(output_uri)
+    files = [storage.resolve(storage.join(output_uri, rel))[1] for rel in sorted(storage.list_files(output_uri))
+             if rel.endswith(".parquet") and rel not in skip]
     tally = batch_metrics.Tally(metrics)
-    for batch in pads.dataset(path, filesystem=fs, format="parquet").to_batches(columns=tally.columns,
-                                                                                  batch_size=batch_rows):
+    for batch in pads.dataset(files, filesystem=fs, format="parquet").to_batches(columns=tally.columns,
+                                                                                   batch_size=batch_rows):
         tally.add(batch)
     return tally
 
 
 def main(cfg: Config) -> Result:
-    """Run the stage end to end; print and return the summary."""
+    """Run the stage end to end (or, after a crash, its unfinished rows); print and return the summary."""
     started = time.perf_counter()
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
     eng.check_max_model_len(cfg.engine, model_path)
-    prepare_output(cfg)
+    resumed_rows = prepare_output(cfg)
+    earlier = frozenset(storage.list_files(cfg.output_uri)) if resumed_rows else frozenset()
     init_ray()
     planned = count_input_rows(cfg, input_format(cfg))
+    if resumed_rows:
+        print(f"batch_infer: resuming, {resumed_rows:,} of {planned:,} rows already written to {cfg.output_uri}; "
+              f"answering the rest", flush=True)
     metrics.gauge("rayline_batch_rows_planned", planned, **metric_tags(cfg, info))
-    if cfg.progress_every_s:
-        with ProgressReporter(cfg.output_uri, planned, cfg.progress_every_s):
+    with job_checkpoint(cfg):
+        if cfg.progress_every_s:
+            with ProgressReporter(cfg.output_uri, planned, cfg.progress_every_s):
+                run_pipeline(cfg, model_path, info)
+        else:
             run_pipeline(cfg, model_path, info)
-    else:
-        run_pipeline(cfg, model_path, info)
     wall = time.perf_counter() - started
 
     tally = tally_results(cfg.output_uri, cfg.metrics if cfg.mode == "eval" else [])
     t = tally.totals()
+    # Throughput is this run's: the rows it wrote (an earlier run's engines ran on other clocks).
+    now = tally_results(cfg.output_uri, [], skip=earlier).totals() if earlier else t
     result = Result(
         output_uri=cfg.output_uri, model=info.label, rows=t.rows, errors=t.errors, error_codes=t.error_codes,
         prompt_tokens=t.prompt_tokens, output_tokens=t.output_tokens, wall_s=wall,
-        output_tokens_per_s=t.output_tokens / wall,
-        steady_output_tokens_per_s=(t.output_tokens / t.engine_busy_s) if t.engine_busy_s else None,
+        output_tokens_per_s=now.output_tokens / wall,
+        steady_output_tokens_per_s=(now.output_tokens / now.engine_busy_s) if now.engine_busy_s else None,
+        resumed_rows=resumed_rows,
     )
     if cfg.mode == "eval":
         result.scores = tally.scores()
         counts = {
             "rows": t.rows, "errors": t.errors, "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
-            "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
-            **({"steady_output_tokens_per_s": result.steady_output_tokens_per_s} if t.engine_busy_s else {}),
+            "resumed_rows": resumed_rows, "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
+            **({"steady_output_tokens_per_s": result.steady_output_tokens_per_s} if now.engine_busy_s else {}),
         }
         result.eval_run_id = record_eval(cfg, info, result.scores, counts)
     print(summary(result, cfg, info))
@@ -277,7 +207,7 @@ def summary(r: Result, cfg: Config, info: eng.ModelInfo) -> str:
     steady = f"{r.steady_output_tokens_per_s:,.1f} output tok/s steady state" if r.steady_output_tokens_per_s else "n/a"
     lines = [
         f"batch_infer ({cfg.mode}) done: {r.rows} rows, {r.rows - r.errors} answered, {r.errors} errors"
-        + (f" ({codes})" if codes else ""),
+        + (f" ({codes})" if codes else "") + (f"; {r.resumed_rows} of them by the interrupted run" if r.resumed_rows else ""),
         f"  tokens:     {r.prompt_tokens:,} prompt, {r.output_tokens:,} output",
         f"  throughput: {r.output_tokens_per_s:,.1f} output tok/s end to end ({r.wall_s:,.1f} s wall); {steady}",
         f"  model:      {info.label}" + (f" ({info.ref})" if info.ref != info.label else ""),

@@ -1,6 +1,6 @@
 """Progress of a batch job in its log: rows written / planned, rows per second and an ETA.
 
-The driver already knows how many rows the job will answer (`pipeline.count_input_rows`). Ray Data writes
+The driver already knows how many rows the job will answer (`inputs.count_input_rows`). Ray Data writes
 the result Parquet file of each block as soon as that block is done, so the files under `output_uri` are the
 job's progress: a thread in the driver reads their footers (a few KB each, once per file) every
 `every_s` seconds and prints one line when the count moved. No actor, no extra work in the engines.

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from pipelines import metrics as rayline_metrics
 
+SOURCE_COLUMN = "source"  # where an input row came from (serve/batch/inputs.py)
 ERROR_COLUMN = "__inference_error__"  # ray.data.llm's per-row error column (processor/base.py, stages/base.py)
 ROLES = ("system", "user", "assistant")
 
@@ -32,6 +33,7 @@ REFUSAL_CODES = (INVALID_RECORD, MISSING_PROMPT, PROMPT_TOO_LONG, INVALID_SAMPLI
 
 RESULT_SCHEMA = pa.schema([
     ("id", pa.string()),
+    ("source", pa.string()),
     ("task", pa.string()),
     ("prompt", pa.string()),
     ("reference", pa.string()),
@@ -141,13 +143,16 @@ class PromptValidator:
         return [self.request(plain(r)) for r in rows]
 
     def request(self, row: dict[str, Any]) -> dict[str, Any]:
-        raw = row.get("text", "") if self.jsonl else json.dumps(row, sort_keys=True, default=str)
+        source = row.pop(SOURCE_COLUMN, None)
+        raw = (row.get("text") or "") if self.jsonl else json.dumps(row, sort_keys=True, default=str)
         out = {
-            "id": row_id(row, raw), "task": None, "reference": None, "prompt": "", "tokenized_prompt": [],
-            "prompt_tokens": 0, "sampling_params": dict(self.defaults), ERROR_COLUMN: "",
+            "id": row_id(row, raw), SOURCE_COLUMN: source, "task": None, "reference": None, "prompt": "",
+            "tokenized_prompt": [], "prompt_tokens": 0, "sampling_params": dict(self.defaults), ERROR_COLUMN: "",
         }
         record: Any = row
         if self.jsonl:
+            if row.get("text") is None:
+                return {**out, ERROR_COLUMN: f"{INVALID_RECORD}: the line is not UTF-8 text"}
             try:
                 record = json.loads(raw)
             except json.JSONDecodeError as e:
@@ -212,6 +217,7 @@ def result_rows(batch: pa.Table, model_version: str, max_model_len: int, metric_
         n_out = int(row.get("num_generated_tokens") or 0) if ok else 0
         params = row.get("sampling_params") or {}
         out["id"].append(row["id"])
+        out["source"].append(row.get(SOURCE_COLUMN))
         out["task"].append(row.get("task"))
         out["prompt"].append(row.get("prompt") or "")
         out["reference"].append(row.get("reference"))

@@ -65,7 +65,7 @@ def test_cpu_configs_fit_two_cores(name):
 
 
 def test_reads_give_every_engine_batch_slot_blocks_and_large_inputs_ray_data_s_own_count():
-    from serve.batch.pipeline import read_blocks
+    from serve.batch.inputs import read_blocks
 
     cfg = from_dict(Config, {"input_uri": "p.jsonl", "output_uri": "out", "engine": {"model": "m"},
                              "num_engines": 2, "max_concurrent_batches": 6})
@@ -114,10 +114,13 @@ def test_config_errors_name_the_field(override, field):
 def test_s3_input_model_and_output_go_through_the_shared_storage(ray_session, s3_bucket, tiny_model_dir, tmp_path):
     """The stage's S3 ends without an engine: prompts read from an s3:// prefix, an s3:// checkpoint copied for
     vLLM, result Parquet written to and read back from s3://, an existing output refused unless overwritten."""
+    import pyarrow.parquet as pq
     import ray.data
 
     from pipelines import storage
-    from serve.batch.pipeline import input_format, prepare_output, read_inputs, read_results, write_results
+    from serve.batch.inputs import input_format, read_inputs
+    from serve.batch.pipeline import read_results, write_results
+    from serve.batch.resume import checkpoint_uri, prepare_output
 
     root = f"{s3_bucket}/batch-tests/{uuid.uuid4().hex[:8]}"
     lines = [json.dumps({"id": f"r{i}", "prompt": f"What is {i} + 1?"}) for i in range(5)]
@@ -129,7 +132,8 @@ def test_s3_input_model_and_output_go_through_the_shared_storage(ray_session, s3
     cfg = from_dict(Config, {"input_uri": f"{root}/in", "output_uri": f"{root}/out", "engine": {"model": f"{root}/model"}})
 
     assert input_format(cfg) == "jsonl"
-    assert sorted(r["text"] for r in read_inputs(cfg, "jsonl").take_all()) == sorted(lines)
+    read = sorted((r["source"], r["text"]) for r in read_inputs(cfg, "jsonl").take_all())
+    assert read == [(f"prompts.jsonl:{i + 1}", line) for i, line in enumerate(lines)]
     local, info = eng.resolve_model(cfg.engine.model, tmp_path / "cache")
     assert info.uri == f"{root}/model" and (tmp_path / "cache") in Path(local).parents
     assert json.loads(open(f"{local}/config.json").read()) == json.loads((tiny_model_dir / "config.json").read_text())
@@ -139,10 +143,20 @@ def test_s3_input_model_and_output_go_through_the_shared_storage(ray_session, s3
     write_results(ray.data.from_arrow(pa.Table.from_pylist(results, schema=rows.RESULT_SCHEMA)), cfg)
     table = read_results(cfg.output_uri)
     assert sorted(table.column("output").to_pylist()) == ["0", "1", "2", "3", "4"]
-    with pytest.raises(FileExistsError, match=f"output_uri {root}/out: already holds results"):
+    with pytest.raises(FileExistsError, match=f"output_uri {root}/out: already holds results of a finished run"):
         prepare_output(cfg)
-    prepare_output(from_dict(Config, {**to_dict(cfg), "overwrite": True}))
-    assert not storage.exists(cfg.output_uri) or not storage.list_files(cfg.output_uri)
+    # An interrupted run's record beside the output: the same config resumes, keeping what was written.
+    assert checkpoint_uri(cfg) == f"{root}/out.checkpoint"
+    for name, n in (("done", 3), ("half-written.pending", 2)):  # rows of committed and pending record files
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.table({"source": [f"prompts.jsonl:{i}" for i in range(n)]}), sink)
+        storage.write_bytes(f"{checkpoint_uri(cfg)}/{name}.parquet", sink.getvalue().to_pybytes())
+    assert prepare_output(cfg) == 3 and prepare_output(from_dict(Config, {**to_dict(cfg), "overwrite": True})) == 3
+    assert storage.list_files(cfg.output_uri)
+    # Not resumable: the record is stale, and with overwrite both go.
+    prepare_output(from_dict(Config, {**to_dict(cfg), "overwrite": True, "resumable": False}))
+    for uri in (cfg.output_uri, checkpoint_uri(cfg)):
+        assert not storage.exists(uri) or not storage.list_files(uri)
 
 
 def test_max_model_len_beyond_the_checkpoint_is_refused_before_any_engine(tiny_model_dir):
@@ -219,7 +233,7 @@ def test_rows_and_errors_by_code_reach_prometheus(run, local_stack):
 
     from pipelines import prometheus
     from pipelines.stack import env_vars
-    from serve.batch.pipeline import count_input_rows
+    from serve.batch.inputs import count_input_rows
 
     cfg, result, _, table = run
     assert count_input_rows(cfg, "jsonl") == table.num_rows  # what the job planned is what it wrote
@@ -245,6 +259,11 @@ def test_every_row_appears_once_with_output_or_error(run, input_file):
     ids = table.column("id").to_pylist()
     expected = input_file[1]
     assert len(ids) == len(set(ids)) == len(expected) + 1  # + the unparseable line, under a content-hash id
+    # Each row says which input line it answers: every line once, and the job's checkpoint is gone.
+    assert sorted(table.column("source").to_pylist()) == sorted(f"prompts.jsonl:{i + 1}" for i in range(len(ids)))
+    unparseable = [r for r in by_id.values() if (r["error"] or "").startswith("invalid_record: not valid JSON")]
+    assert [r["source"] for r in unparseable] == [f"prompts.jsonl:{len(ids)}"]  # the input's last line
+    assert not Path(str(run[0].output_uri) + ".checkpoint").exists()
     assert set(expected) <= set(ids)
     assert result.rows == table.num_rows and result.errors == len(BAD_ROWS) + 1
     for rid in expected:

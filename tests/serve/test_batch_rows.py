@@ -56,6 +56,11 @@ def test_validator_turns_rows_into_requests_or_reasons(tiny_model_dir):
     assert long[rows.ERROR_COLUMN].startswith("prompt_too_long: ") and long["tokenized_prompt"] == []
     assert v.request({"text": "[1, 2]"})[rows.ERROR_COLUMN].startswith("invalid_record: expected a JSON object")
     assert v.request({"text": json.dumps({"id": "c", "prompt": " "})})[rows.ERROR_COLUMN].startswith("missing_prompt")
+    # The reader's source travels with the row; a line that is not UTF-8 (text null) is refused, not a crash.
+    assert ok["source"] is None and v.request({"source": "p.jsonl:3", "text": "{}"})["source"] == "p.jsonl:3"
+    undecodable = v.request({"source": "p.jsonl:4", "text": None})
+    assert undecodable[rows.ERROR_COLUMN] == "invalid_record: the line is not UTF-8 text"
+    assert undecodable["source"] == "p.jsonl:4" and undecodable["id"].startswith("sha1:")
 
 
 @pytest.mark.slow  # Ray Data on the test stack's Ray
@@ -65,7 +70,9 @@ def test_validator_takes_parquet_rows_as_ray_data_hands_them_to_the_engine_stage
     import pyarrow.parquet as pq
     from ray.llm._internal.batch.stages.base import wrap_preprocess
 
-    from pipelines.ray_cluster import read_parquet  # the batch stage's reader
+    from pipelines.config import from_dict
+    from serve.batch.config import Config
+    from serve.batch.inputs import read_inputs  # the batch stage's reader
 
     records = [
         {"id": "chat", "messages": [{"role": "user", "content": "Is 3 even or odd?"},
@@ -82,9 +89,11 @@ def test_validator_takes_parquet_rows_as_ray_data_hands_them_to_the_engine_stage
     def as_engine_stage(batch):
         return {"request": [json.dumps(r) for r in v.requests(batch["__data"])]}
 
-    ds = read_parquet(str(tmp_path / "p.parquet")).map(wrap_preprocess(lambda r: {}, "__data"))
+    cfg = from_dict(Config, {"input_uri": str(tmp_path / "p.parquet"), "output_uri": str(tmp_path / "out"),
+                             "engine": {"model": str(tiny_model_dir)}})
+    ds = read_inputs(cfg, "parquet").map(wrap_preprocess(lambda r: {}, "__data"))
     got = {r["id"]: r for r in (json.loads(x["request"]) for x in ds.map_batches(as_engine_stage).take_all())}
-    want = {r["id"]: v.request(json.loads(json.dumps(r))) for r in records}
+    want = {r["id"]: v.request({**json.loads(json.dumps(r)), "source": f"p.parquet#{i}"}) for i, r in enumerate(records)}
     assert got == want
     assert got["chat"]["reference"] == "odd" and got["chat"]["sampling_params"]["max_tokens"] == 3
     assert got["chat"]["tokenized_prompt"] and got["plain"]["sampling_params"] == {**defaults}
