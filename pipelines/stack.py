@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pipelines import objectstore, prometheus
 from pipelines.processes import pid_alive, ray_session_dir, session_members
+from pipelines.ray_autoscaler import AUTOSCALER_ENV, write_autoscaling_config
 from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_argv, worker_node_name, worker_node_ports
 from pipelines.config import ConfigError, apply_overrides, from_dict, require, to_dict
 from pipelines.ray_env import SERVE_PROCESS_ENV
@@ -78,6 +79,11 @@ class StackConfig:
     node_port_base: int = 21000
     """Worker node i (1..nodes) takes the ports node_port_base + 100 * i + 0..99: its raylet, object
     manager, agents and metrics on the first ten, its workers on the rest."""
+    autoscale_nodes: int = 0
+    """Run Ray's autoscaler (v2) on the head, free to add up to this many worker nodes of `node_cpus` CPUs
+    when work waits for resources and to remove them when idle (pipelines/ray_autoscaler.py). 0 = off."""
+    autoscale_idle_timeout_s: float = 30.0
+    """Seconds an autoscaled node stays idle before the autoscaler removes it."""
     timeout_s: int = 120
 
     def __post_init__(self):
@@ -90,6 +96,9 @@ class StackConfig:
         require(self.min_worker_port < self.max_worker_port, "min_worker_port", "must be below max_worker_port")
         require(self.nodes >= 0, "nodes", f"must be >= 0, got {self.nodes}")
         require(self.node_cpus >= 1, "node_cpus", f"must be >= 1, got {self.node_cpus}")
+        require(self.autoscale_nodes >= 0, "autoscale_nodes", f"must be >= 0, got {self.autoscale_nodes}")
+        require(self.autoscale_idle_timeout_s > 0, "autoscale_idle_timeout_s",
+                f"must be > 0 seconds, got {self.autoscale_idle_timeout_s}")
         require(0 < self.node_port_base and self.node_port_base + 100 * (self.nodes + 1) < 65536, "node_port_base",
                 f"node_port_base + 100 * (nodes + 1) must stay below 65536, got {self.node_port_base} with {self.nodes} nodes")
         if self.nodes:
@@ -203,6 +212,15 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
     if runs_prometheus(cfg):
         # The Ray dashboard's metrics views read this Prometheus.
         ray_env["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{cfg.prometheus_port}"
+    head_env = dict(ray_env)
+    if cfg.autoscale_nodes:
+        config = write_autoscaling_config(
+            st / "ray-autoscaling.json", head_cpus=cfg.num_cpus or os.cpu_count(), node_cpus=cfg.node_cpus,
+            max_nodes=cfg.autoscale_nodes, idle_timeout_s=cfg.autoscale_idle_timeout_s,
+            gcs_address=f"127.0.0.1:{cfg.ray_port}",
+        )
+        ray_argv.append(f"--autoscaling-config={config}")
+        head_env.update(AUTOSCALER_ENV)
     mlflow_argv = [
         _python(), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(cfg.mlflow_port),
         "--backend-store-uri", f"sqlite:///{st / 'mlflow' / 'mlflow.db'}",
@@ -210,7 +228,7 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
         "--expose-prometheus", str(st / "mlflow" / "metrics"),
     ]
     specs = {
-        "ray": [("ray-head", ray_argv, ray_env)],
+        "ray": [("ray-head", ray_argv, head_env)],
         # Job execution spawns a worker pool that costs ~1 GB; rayline does not use it.
         "mlflow": [("mlflow", mlflow_argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **MLFLOW_WEBHOOK_ENV})],
     }

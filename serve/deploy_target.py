@@ -125,6 +125,15 @@ class LocalServe:
                         app_config=app.get("deployed_app_config"), deployments=deps,
                         deployed_at=app.get("last_deployed_time_s"))
 
+    def replicas(self) -> list[dict[str, Any]]:
+        """This app's replicas as the controller reports them: deployment, replica_id, state (STARTING, RUNNING,
+        STOPPING, ...), node_id, start_time_s."""
+        app = self._details().get("applications", {}).get(self.app_name) or {}
+        return [
+            {"deployment": name, **{k: r.get(k) for k in ("replica_id", "state", "node_id", "start_time_s")}}
+            for name, dep in (app.get("deployments") or {}).items() for r in dep.get("replicas") or []
+        ]
+
     def apply(self, serve_config: dict) -> None:
         """Deploy `serve_config` (our app only; other declaratively deployed apps are kept)."""
         details = self._details()
