@@ -30,6 +30,9 @@ class AutoscalingConfig:
     """Requests per replica (queued + running) the autoscaler steers towards."""
     upscale_delay_s: float = 30.0
     downscale_delay_s: float = 300.0
+    look_back_period_s: float | None = None
+    """Seconds of replica load the autoscaler averages over; None = Ray Serve's default (30). A replica leaves
+    no sooner than this plus downscale_delay_s after its load ends."""
 
     def __post_init__(self) -> None:
         require(self.min_replicas >= 0, "autoscaling.min_replicas", f"must be >= 0, got {self.min_replicas}")
@@ -41,6 +44,8 @@ class AutoscalingConfig:
         require(self.target_ongoing_requests > 0, "autoscaling.target_ongoing_requests", "must be > 0")
         require(self.upscale_delay_s >= 0 and self.downscale_delay_s >= 0, "autoscaling.upscale_delay_s",
                 "delays must be >= 0 seconds")
+        require(self.look_back_period_s is None or self.look_back_period_s > 0, "autoscaling.look_back_period_s",
+                f"must be > 0 seconds or null, got {self.look_back_period_s}")
 
     def to_serve(self) -> dict[str, Any]:
         """The `autoscaling_config` dict Ray Serve takes."""
@@ -51,6 +56,8 @@ class AutoscalingConfig:
         }
         if self.initial_replicas is not None:
             out["initial_replicas"] = self.initial_replicas
+        if self.look_back_period_s is not None:
+            out["look_back_period_s"] = self.look_back_period_s
         return out
 
 

@@ -20,7 +20,7 @@ from tests.serve.serving import register_fresh, serve_config_dict
 
 APP, PREFIX, MODEL = "rayline-test-autoscale", "/autoscale-test", "rayline-autoscale-test"
 AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
-               "upscale_delay_s": 2.0, "downscale_delay_s": 10.0}
+               "upscale_delay_s": 2.0, "downscale_delay_s": 8.0, "look_back_period_s": 4.0}
 STREAMS = 8
 LOAD_LIMIT_S = 240.0
 
