@@ -31,9 +31,9 @@ from serve import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
 from serve.batch.driver_start import plan_without_engine_imports
-from serve.batch.inputs import count_input_rows, input_format, read_inputs
+from serve.batch.inputs import count_input_rows, input_files, input_format, read_inputs
 from serve.batch.progress import ProgressReporter
-from serve.batch.resume import job_checkpoint, prepare_output
+from serve.batch.resume import job_checkpoint, job_done, prepare_output
 from serve.batch.rows import result_rows
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
 
@@ -163,10 +163,12 @@ def main(cfg: Config) -> Result:
     started = time.perf_counter()
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
     eng.check_max_model_len(cfg.engine, model_path)
-    resumed_rows = prepare_output(cfg)
+    fmt = input_format(cfg)
+    identity = {"input": {uri: storage.total_bytes(uri) for uri in input_files(cfg, fmt)}, "model": info.label}
+    resumed_rows = prepare_output(cfg, identity)
     earlier = frozenset(storage.list_files(cfg.output_uri)) if resumed_rows else frozenset()
     init_ray()
-    planned = count_input_rows(cfg, input_format(cfg))
+    planned = count_input_rows(cfg, fmt)
     if resumed_rows:
         print(f"batch_infer: resuming, {resumed_rows:,} of {planned:,} rows already written to {cfg.output_uri}; "
               f"answering the rest", flush=True)
@@ -177,6 +179,7 @@ def main(cfg: Config) -> Result:
                 run_pipeline(cfg, model_path, info)
         else:
             run_pipeline(cfg, model_path, info)
+    job_done(cfg)
     wall = time.perf_counter() - started
 
     tally = tally_results(cfg.output_uri, cfg.metrics if cfg.mode == "eval" else [])

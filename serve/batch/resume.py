@@ -17,6 +17,7 @@ tasks, and the job waits forever (seen on the test stack). `job_checkpoint` has 
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Iterator
 
 import pyarrow.parquet as pq
@@ -66,13 +67,26 @@ def _holds_files(uri: str) -> bool:
     return storage.exists(uri) and bool(storage.list_files(uri))
 
 
-def prepare_output(cfg: Config) -> int:
+def identity_uri(cfg: Config) -> str:
+    """Beside the record: what the run reads (input files and sizes, model), so a resume can check it."""
+    return checkpoint_uri(cfg) + ".json"
+
+
+def prepare_output(cfg: Config, identity: dict | None = None) -> int:
     """Ready output_uri for this job; returns the rows an interrupted run of it already wrote (0 for a fresh
     start). An interrupted run's checkpoint is always resumed (with `overwrite` too: the same config started
-    again resumes; `resumable: false` starts afresh). A finished run's output is refused unless `overwrite`
-    says to replace it."""
+    again resumes; `resumable: false` starts afresh), unless `identity` (what this run reads) differs from
+    what the interrupted run read: its rows would not be this input's. A finished run's output is refused
+    unless `overwrite` says to replace it."""
     record = checkpoint_uri(cfg)
     if cfg.resumable and _holds_files(record):
+        if identity is not None and storage.exists(identity_uri(cfg)):
+            changed = _what_changed(json.loads(storage.read_text(identity_uri(cfg))), identity)
+            if changed:
+                raise ValueError(
+                    f"output_uri {cfg.output_uri}: an interrupted run of this job read other input: {changed}; "
+                    "put it back to resume, or set resumable=false (or another output_uri) to start afresh"
+                )
         finish_interrupted_commits(record)
         return committed_rows(record)
     if _holds_files(cfg.output_uri) and not cfg.overwrite:
@@ -83,7 +97,29 @@ def prepare_output(cfg: Config) -> int:
     for uri in (cfg.output_uri, record):  # a stale record too: with resumable off, nothing may skip rows
         if storage.exists(uri):
             storage.delete_tree(uri)
+    if cfg.resumable and identity is not None:
+        storage.write_text(identity_uri(cfg), json.dumps(identity, sort_keys=True))
     return 0
+
+
+def _what_changed(before: dict, now: dict) -> str:
+    """'' when the interrupted run read what this one reads; else what differs, file by file."""
+    out = []
+    files_then, files_now = before.get("input", {}), now.get("input", {})
+    for uri in sorted(set(files_then) | set(files_now)):
+        if files_then.get(uri) != files_now.get(uri):
+            then = f"{files_then[uri]:,} bytes" if uri in files_then else "absent"
+            out.append(f"{uri} ({then} then, {f'{files_now[uri]:,} bytes' if uri in files_now else 'absent'} now)")
+    if before.get("model") != now.get("model"):
+        out.append(f"model {before.get('model')} then, {now.get('model')} now")
+    return "; ".join(out)
+
+
+def job_done(cfg: Config) -> None:
+    """The job finished: Ray Data deleted its record; the identity beside it goes too."""
+    if storage.exists(identity_uri(cfg)):
+        fs, path = storage.resolve(identity_uri(cfg))
+        fs.delete_file(path)
 
 
 @contextlib.contextmanager

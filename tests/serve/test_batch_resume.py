@@ -21,7 +21,7 @@ from pipelines import storage
 from pipelines.config import load_config
 from serve.batch.config import Config
 from serve.batch.progress import WrittenRows
-from serve.batch.resume import checkpoint_uri
+from serve.batch.resume import checkpoint_uri, identity_uri
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N_ROWS = 240
@@ -71,6 +71,29 @@ def test_a_commit_cut_between_copy_and_delete_is_finished_not_undone(tmp_path):
     assert finish_interrupted_commits(str(record)) == ["a.pending.parquet"]
     assert sorted(p.name for p in record.iterdir()) == ["a.parquet", "b.pending.parquet", "c.parquet"]
     assert committed_rows(str(record)) == 7
+
+
+def test_a_resume_over_changed_input_is_refused_naming_the_file(tmp_path):
+    """The record says which rows are done by their source; over other input it would skip the wrong rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from serve.batch.resume import job_done, prepare_output
+
+    cfg = load_config(Config, os.path.join(ROOT, "configs/batch/infer_tiny.yaml"),
+                      [f"input_uri={tmp_path}/in.jsonl", f"output_uri={tmp_path}/out"])
+    then = {"input": {f"{tmp_path}/in.jsonl": 1000}, "model": "m/1"}
+    assert prepare_output(cfg, then) == 0 and os.path.exists(identity_uri(cfg))
+    (tmp_path / "out.checkpoint").mkdir()  # the run is killed after one result file is committed
+    pq.write_table(pa.table({"source": ["in.jsonl:1", "in.jsonl:2"]}), tmp_path / "out.checkpoint" / "a.parquet")
+    assert prepare_output(cfg, then) == 2
+    grown = {"input": {f"{tmp_path}/in.jsonl": 1200}, "model": "m/1"}
+    with pytest.raises(ValueError, match=r"in.jsonl \(1,000 bytes then, 1,200 bytes now\).*resumable=false"):
+        prepare_output(cfg, grown)
+    with pytest.raises(ValueError, match="model m/1 then, m/2 now"):
+        prepare_output(cfg, {**then, "model": "m/2"})
+    job_done(cfg)
+    assert not os.path.exists(identity_uri(cfg))
 
 
 def file_rows(uri: str, rels) -> int:
@@ -130,4 +153,5 @@ def test_a_killed_job_started_again_answers_only_the_rest_and_every_row_once(loc
     assert kept and new
     assert file_rows(output_uri, new) == N_ROWS - result.resumed_rows
     assert not storage.exists(record) or not storage.list_files(record)
+    assert not storage.exists(identity_uri(cfg))  # what the job read, kept for a resume's check, goes too
 
