@@ -18,7 +18,7 @@ provider class as an external module.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 from pipelines.ray_node import NODE_LABEL
 
@@ -67,8 +67,16 @@ def autoscaling_config(head_cpus: int, node_cpus: int, max_nodes: int, idle_time
     }
 
 
-def write_autoscaling_config(path: Path, **kwargs) -> Path:
-    """Write autoscaling_config(**kwargs) as JSON (YAML's subset) for `ray start --autoscaling-config`."""
+def head_autoscaler(cfg) -> tuple[list[str], dict[str, str]]:
+    """The head's extra `ray start` options and environment for a StackConfig with `autoscale_nodes` (none
+    without); writes the cluster config to the state dir."""
+    if not cfg.autoscale_nodes:
+        return [], {}
+    path = cfg.state / "ray-autoscaling.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(autoscaling_config(**kwargs), indent=1))
-    return path
+    config = autoscaling_config(
+        head_cpus=cfg.num_cpus or os.cpu_count(), node_cpus=cfg.node_cpus, max_nodes=cfg.autoscale_nodes,
+        idle_timeout_s=cfg.autoscale_idle_timeout_s, gcs_address=f"127.0.0.1:{cfg.ray_port}",
+    )
+    path.write_text(json.dumps(config, indent=1))  # JSON is YAML: `--autoscaling-config` reads it
+    return [f"--autoscaling-config={path}"], dict(AUTOSCALER_ENV)

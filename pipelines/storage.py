@@ -111,6 +111,15 @@ def read_bytes(uri: str) -> bytes:
         raise FileNotFoundError(f"{uri}: no such file") from None
 
 
+def parquet_metadata(uri: str):
+    """A Parquet file's footer (`num_rows`, schema), read without its data."""
+    import pyarrow.parquet as pq
+
+    fs, path = resolve(uri)
+    with fs.open_input_file(path) as f:
+        return pq.ParquetFile(f).metadata
+
+
 def read_text(uri: str) -> str:
     return read_bytes(uri).decode("utf-8")
 

@@ -96,12 +96,10 @@ def count_input_rows(cfg: Config, fmt: str) -> int:
     A Parquet file with a column named `source` is refused here, before any engine starts."""
     total = 0
     for uri in input_files(cfg, fmt):
-        fs, path = storage.resolve(uri)
         if fmt == "jsonl":
-            total += _non_empty_lines(fs, path)
+            total += _non_empty_lines(*storage.resolve(uri))
             continue
-        with fs.open_input_file(path) as f:
-            meta = pq.ParquetFile(f).metadata
+        meta = storage.parquet_metadata(uri)
         if SOURCE_COLUMN in meta.schema.names:
             raise ValueError(
                 f"{uri}: has a column `{SOURCE_COLUMN}`, the name rayline gives each result's input position "

@@ -31,9 +31,9 @@ from serve import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
 from serve.batch.driver_start import plan_without_engine_imports
-from serve.batch.inputs import count_input_rows, input_files, input_format, read_inputs
+from serve.batch.inputs import count_input_rows, input_format, read_inputs
 from serve.batch.progress import ProgressReporter
-from serve.batch.resume import job_checkpoint, job_done, prepare_output
+from serve.batch.resume import job_checkpoint, job_done, job_identity, prepare_output
 from serve.batch.rows import result_rows
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
 
@@ -116,9 +116,9 @@ def _engine_processor(cfg: Config, model_path: str, jsonl: bool):
     return processor
 
 
-def run_pipeline(cfg: Config, model_path: str, info: eng.ModelInfo) -> None:
-    """Read -> validate + engine -> results -> Parquet at output_uri (blocks until written)."""
-    fmt = input_format(cfg)
+def run_pipeline(cfg: Config, fmt: str, model_path: str, info: eng.ModelInfo) -> None:
+    """Read (`fmt`: jsonl or parquet) -> validate + engine -> results -> Parquet at output_uri (blocks until
+    written)."""
     ds = read_inputs(cfg, fmt)
     ds = engine_processor(cfg, model_path, jsonl=fmt == "jsonl")(ds)
     ds = ds.map_batches(
@@ -164,8 +164,7 @@ def main(cfg: Config) -> Result:
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
     eng.check_max_model_len(cfg.engine, model_path)
     fmt = input_format(cfg)
-    identity = {"input": {uri: storage.total_bytes(uri) for uri in input_files(cfg, fmt)}, "model": info.label}
-    resumed_rows = prepare_output(cfg, identity)
+    resumed_rows = prepare_output(cfg, job_identity(cfg, fmt, info.label))
     earlier = frozenset(storage.list_files(cfg.output_uri)) if resumed_rows else frozenset()
     init_ray()
     planned = count_input_rows(cfg, fmt)
@@ -176,9 +175,9 @@ def main(cfg: Config) -> Result:
     with job_checkpoint(cfg):
         if cfg.progress_every_s:
             with ProgressReporter(cfg.output_uri, planned, cfg.progress_every_s):
-                run_pipeline(cfg, model_path, info)
+                run_pipeline(cfg, fmt, model_path, info)
         else:
-            run_pipeline(cfg, model_path, info)
+            run_pipeline(cfg, fmt, model_path, info)
     job_done(cfg)
     wall = time.perf_counter() - started
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pyarrow.parquet as pq
-
 from pipelines import storage
 
 
@@ -38,10 +36,8 @@ class WrittenRows:
         if storage.exists(self.output_uri):
             for rel in storage.list_files(self.output_uri):
                 if rel.endswith(".parquet") and rel not in self._rows:
-                    fs, path = storage.resolve(storage.join(self.output_uri, rel))
                     try:
-                        with fs.open_input_file(path) as f:
-                            self._rows[rel] = pq.ParquetFile(f).metadata.num_rows
+                        self._rows[rel] = storage.parquet_metadata(storage.join(self.output_uri, rel)).num_rows
                     except Exception:  # still being written: counted on a later pass
                         continue
         return sum(self._rows.values())

@@ -20,11 +20,11 @@ import contextlib
 import json
 from typing import Iterator
 
-import pyarrow.parquet as pq
 from ray.data.checkpoint.checkpoint_writer import PENDING_CHECKPOINT_SUFFIX
 
 from pipelines import storage
 from serve.batch.config import Config
+from serve.batch.inputs import input_files
 from serve.batch.rows import SOURCE_COLUMN
 
 
@@ -54,13 +54,10 @@ def finish_interrupted_commits(record_uri: str) -> list[str]:
 def committed_rows(record_uri: str) -> int:
     """Rows whose result files were whole when the run stopped: the committed record files' rows (a pending
     one, `<id>.pending.parquet`, marks a file a dead task left half written; Ray Data removes both)."""
-    total = 0
-    for rel in storage.list_files(record_uri):
-        if rel.endswith(".parquet") and not rel.endswith(PENDING_CHECKPOINT_SUFFIX + ".parquet"):
-            fs, path = storage.resolve(storage.join(record_uri, rel))
-            with fs.open_input_file(path) as f:
-                total += pq.ParquetFile(f).metadata.num_rows
-    return total
+    return sum(
+        storage.parquet_metadata(storage.join(record_uri, rel)).num_rows for rel in storage.list_files(record_uri)
+        if rel.endswith(".parquet") and not rel.endswith(PENDING_CHECKPOINT_SUFFIX + ".parquet")
+    )
 
 
 def _holds_files(uri: str) -> bool:
@@ -70,6 +67,11 @@ def _holds_files(uri: str) -> bool:
 def identity_uri(cfg: Config) -> str:
     """Beside the record: what the run reads (input files and sizes, model), so a resume can check it."""
     return checkpoint_uri(cfg) + ".json"
+
+
+def job_identity(cfg: Config, fmt: str, model_label: str) -> dict:
+    """What a run of the job reads: each input file's size, and the model version."""
+    return {"input": {uri: storage.total_bytes(uri) for uri in input_files(cfg, fmt)}, "model": model_label}
 
 
 def prepare_output(cfg: Config, identity: dict | None = None) -> int:
