@@ -16,6 +16,12 @@ every few seconds, from a daemon thread: a replica's `served_version` stays visi
 a run's loss as long as its worker. Facts about a finished run (a data run's wall time, a rollout's) are
 histograms: they outlive the process that observed them.
 
+Ray hands a process's values to its node's agent every `metrics_report_interval_ms` (10 s by default) and sends
+nothing more when the process is killed: a Train worker is killed once its function returns, so the last
+values it set (a run's final step) would never reach Prometheus. Such a process calls `flush()` before it
+returns: it waits until one report has gone out since its last record. Train workers report every
+REPORT_INTERVAL_MS instead, so that wait is short. A driver that exits normally reports on its way out.
+
 Recording is a no-op in a process that is not connected to Ray (a unit test calling a stage's helpers, a
 rollout run from a laptop against a remote cluster): metrics describe work done on a cluster.
 """
@@ -29,6 +35,8 @@ from dataclasses import dataclass
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 REFRESH_S = 5.0
 """How often this process re-sets its gauges (Ray drops a gauge not set for ~2 report intervals)."""
+REPORT_INTERVAL_MS = 2000
+"""`RAY_metrics_report_interval_ms` of processes that must flush before they end (Train workers)."""
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
 
 
@@ -82,6 +90,7 @@ METRICS: dict[str, Metric] = {
 _made: dict[str, object] = {}
 _lock = threading.Lock()
 _kept: dict[tuple[str, frozenset], tuple[dict[str, str], float]] = {}
+_last_recorded: float | None = None
 _refresher: threading.Thread | None = None
 
 
@@ -110,7 +119,9 @@ def _connected() -> bool:
 
 
 def _metric(name: str):
+    global _last_recorded
     with _lock:
+        _last_recorded = time.monotonic()
         if name not in _made:
             from ray.util.metrics import Counter, Gauge
 
@@ -164,6 +175,19 @@ def observe(name: str, value: float, **tags) -> None:
     tags = _checked(name, HISTOGRAM, tags)
     if _connected():
         _metric(name).observe(float(value), tags=tags)
+
+
+def flush() -> float:
+    """Wait until Ray has reported this process's metrics once since the last record (a report interval after
+    it, plus a margin); returns the seconds waited. For processes that are killed rather than exit."""
+    if _last_recorded is None or not _connected():
+        return 0.0
+    from ray._raylet import Config
+
+    wait = _last_recorded + Config.metrics_report_interval_ms() / 1000 + 1.0 - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+    return max(0.0, wait)
 
 
 def _start_refresher() -> None:

@@ -24,6 +24,22 @@ NODE_PORTS = ("node_manager", "object_manager", "dashboard_agent_listen", "dashb
               "metrics_export")
 
 
+def check_node_labels(labels: dict, field: str) -> None:
+    """A config's `node_labels` (label -> Ray label-selector value: `v`, `!v`, `in(a,b)`, `!in(a,b)`), checked
+    by Ray's own validator; a ConfigError names `<field>.<label>`."""
+    from pipelines.config import require
+
+    if not labels:
+        return
+    from ray._private.label_utils import validate_label_selector
+
+    for key, value in labels.items():
+        require(isinstance(value, str) and bool(value.strip()), f"{field}.{key}",
+                f"must be a selector string such as 'worker-1' or 'in(a,b)', got {value!r}")
+        error = validate_label_selector({key: value})
+        require(error is None, f"{field}.{key}", str(error))
+
+
 def worker_node_ports(cfg, i: int) -> dict[str, int]:
     """The fixed ports of worker node i (1-based) of a StackConfig; its workers take the rest of its block of 100."""
     base = cfg.node_port_base + 100 * i

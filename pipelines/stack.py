@@ -156,10 +156,14 @@ def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, s
     return specs
 
 
-def _node_labels(cfg: StackConfig) -> set[str]:
-    """The `rayline.io/node` labels of the cluster's alive nodes."""
+def _node_ids(cfg: StackConfig) -> dict[str, set[str]]:
+    """The node ids of the cluster's alive nodes by their `rayline.io/node` label. A node lost a moment ago is
+    still listed until the GCS's health checks give up on it."""
     token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
-    return {(n.get("labels") or {}).get(NODE_LABEL) for n in alive_nodes(cfg.dashboard_port, token)}
+    out: dict[str, set[str]] = {}
+    for n in alive_nodes(cfg.dashboard_port, token):
+        out.setdefault((n.get("labels") or {}).get(NODE_LABEL), set()).add(n.get("node_id"))
+    return out
 
 
 def part_healthy(cfg: StackConfig, part: str) -> bool:
@@ -173,8 +177,9 @@ def part_healthy(cfg: StackConfig, part: str) -> bool:
     if part == "prometheus":
         return prometheus.healthy(cfg.prometheus_port)
     if part == "nodes":
-        labels = _node_labels(cfg)
-        return all(f"worker-{i}" in labels for i in range(1, cfg.nodes + 1))
+        pids, labels = _read_state(cfg.state)["pids"], _node_ids(cfg)
+        return all(f"worker-{i}" in labels and pid_alive(pids.get(worker_node_name(i), -1))
+                   for i in range(1, cfg.nodes + 1))
     raise ValueError(part)
 
 
@@ -236,13 +241,16 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
         data.setdefault("parts", {})[part] = [n for n, _, _ in specs[part]]
         for name, argv, env in specs[part]:
             if not pid_alive(data["pids"].get(name, -1)):
+                label = name.removeprefix("ray-")
+                lost = _node_ids(cfg).get(label, set()) if part == "nodes" else set()
                 data["pids"][name] = _spawn(state, name, argv, env)
                 started.append(name)
                 if part == "nodes":
                     # One at a time: raylets starting together in one Ray session can pick the same socket name.
+                    # A node that replaces a lost one counts once it joined under a new node id.
                     _write_state(state, data)
                     _wait_healthy(cfg, part, [(name, argv, env)], data, deadline,
-                                  lambda: name.removeprefix("ray-") in _node_labels(cfg))
+                                  lambda: bool(_node_ids(cfg).get(label, set()) - lost))
         _write_state(state, data)
     _write_state(state, data)
     for part in specs:
@@ -267,30 +275,58 @@ def _wait_healthy(cfg: StackConfig, part: str, procs: list, data: dict, deadline
         time.sleep(0.5)
 
 
-def down(cfg: StackConfig, grace_s: float = 10.0) -> list[str]:
-    """Stop the processes `up` started: SIGTERM, then SIGKILL for whatever of their session is left.
+def down(cfg: StackConfig, grace_s: float = 10.0, parts: Iterable[str] | None = None) -> list[str]:
+    """Stop the processes `up` started (or only those of `parts`, e.g. ["nodes"]): SIGTERM, then SIGKILL for
+    whatever of their session is left.
 
     Ray's workers leave their parent's process group but not its session, so the session is what
     identifies everything a part started. Data is kept.
     """
     data = _read_state(cfg.state)
+    names = None if parts is None else {n for part in parts for n in data.get("parts", {}).get(part, [])}
+    pids = {n: p for n, p in data["pids"].items() if names is None or n in names}
     stopped = []
-    for name, pid in reversed(list(data["pids"].items())):
+    for name, pid in reversed(list(pids.items())):
         if pid_alive(pid):
             os.kill(pid, signal.SIGTERM)
             stopped.append(name)
     deadline = time.time() + grace_s
-    while time.time() < deadline and any(pid_alive(p) for p in data["pids"].values()):
+    while time.time() < deadline and any(pid_alive(p) for p in pids.values()):
         time.sleep(0.2)
-    for sid in data["pids"].values():
-        for pid in session_members(sid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    data["pids"] = {}
+    for sid in pids.values():
+        _kill_session(sid)
+    data["pids"] = {n: p for n, p in data["pids"].items() if n not in pids}
+    if parts is not None and "nodes" in parts:  # the stack runs on without worker nodes
+        data.get("parts", {}).pop("nodes", None)
+        data.get("config", {})["nodes"] = 0
     _write_state(cfg.state, data)
     return stopped
+
+
+def _kill_session(sid: int) -> int:
+    killed = 0
+    for pid in session_members(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
+    return killed
+
+
+def kill_node(cfg: StackConfig, i: int) -> int:
+    """Lose worker node i as a machine is lost: SIGKILL its raylet and every process it runs (workers, agents,
+    engines) at once, nothing shut down cleanly. `up(cfg, parts=["nodes"])` brings a fresh node i back, as
+    KubeRay replaces a lost worker pod. Returns how many processes were killed."""
+    pid = _read_state(cfg.state)["pids"].get(worker_node_name(i))
+    if pid is None or not pid_alive(pid):
+        raise RuntimeError(f"worker node {i} is not running (stack.json in {cfg.state})")
+    members = session_members(pid)
+    killed = _kill_session(pid)
+    deadline = time.time() + 10
+    while any(pid_alive(p) for p in members) and time.time() < deadline:  # its ports free again
+        time.sleep(0.05)
+    return killed
 
 
 def status(cfg: StackConfig) -> dict[str, dict]:

@@ -140,6 +140,8 @@ def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
             "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
             # The replica actor adds nothing to the engine's bundle: the engine's CPUs are the replica's.
             "ray_actor_options": {"num_cpus": 0},
+            # One selector: Serve applies it to every bundle of the replica's placement group.
+            **({"placement_group_bundle_label_selector": [dict(cfg.node_labels)]} if cfg.node_labels else {}),
         },
         callback_config={"callback_class": EngineStartCallback, "callback_kwargs": callback},
     )

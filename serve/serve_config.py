@@ -15,6 +15,7 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pipelines.config import require
+from pipelines.ray_node import check_node_labels
 from serve.engine import EngineConfig
 
 
@@ -80,6 +81,10 @@ class Config:
     the replica -> its engine; what Ray's direct streaming builds, without HAProxy): one hop and one process per
     token fewer. `deployment`: Ray's `build_openai_app` layout, a separate OpenAI ingress deployment that calls
     the engine replicas through handles (needed for several models or LoRA routing in one app)."""
+    node_labels: dict[str, str] = field(default_factory=dict)
+    """Ray node labels the engine replicas must land on, in Ray's label-selector syntax (`value`, `!value`,
+    `in(a,b)`, `!in(a,b)`), e.g. `{"rayline.io/node": "in(worker-1,worker-2)"}` on the local stack or a KubeRay
+    worker group's labels; {} = any node. Passed to Serve as the replicas' placement-group bundle label selector."""
     ingress_cpus: float = 0.1
     """Logical CPUs of the OpenAI ingress replica (ingress: deployment); fractional so it fits beside the engines."""
     ingress_replicas: int = 1
@@ -116,6 +121,7 @@ class Config:
         require(bool(self.served_model_id.strip()), "served_model_id", "must not be empty (clients send it as `model`)")
         require(self.max_ongoing_requests >= 1, "max_ongoing_requests", f"must be >= 1, got {self.max_ongoing_requests}")
         require(0 <= self.max_surge_percent <= 100, "max_surge_percent", f"must be in [0, 100], got {self.max_surge_percent}")
+        check_node_labels(self.node_labels, "node_labels")
         require(self.ingress_cpus >= 0, "ingress_cpus", f"must be >= 0, got {self.ingress_cpus}")
         require(self.ingress_replicas >= 1, "ingress_replicas", f"must be >= 1, got {self.ingress_replicas}")
         require(self.stream_batching_interval_ms is None or self.stream_batching_interval_ms >= 0,

@@ -7,6 +7,7 @@ session started is stopped at the end, by PID.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ TEST_STACK = {
     "state_dir": ".rayline-test", "ray_port": 6389, "dashboard_port": 8275, "ray_client_port": 23011,
     "dashboard_agent_port": 52375, "min_worker_port": 24000, "max_worker_port": 24999,
     "serve_port": 8010, "mlflow_port": 5010, "s3_port": 8090, "memcached_port": 11221, "bucket": "rayline-test",
-    "prometheus_port": 9190, "metrics_export_port": 8095,
+    "prometheus_port": 9190, "metrics_export_port": 8095, "node_port_base": 25000,
 }
 
 
@@ -64,6 +65,18 @@ def local_stack(stack_cfg):
     os.environ.update(saved)
     if not already and not os.environ.get("RAYLINE_KEEP_TEST_STACK"):
         stack.down(stack_cfg)
+
+
+@pytest.fixture(scope="module")
+def worker_nodes(local_stack):
+    """Two 1-CPU worker nodes (`rayline.io/node` worker-1, worker-2) joined to the test stack's head for one
+    module's fault tests, stopped when it ends, so the other tests keep a one-node cluster."""
+    cfg = dataclasses.replace(local_stack, nodes=2, node_cpus=1)
+    stack.up(cfg, parts=["nodes"])
+    try:
+        yield cfg
+    finally:
+        stack.down(cfg, parts=["nodes"])
 
 
 @pytest.fixture(scope="session")

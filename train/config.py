@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pipelines.config import require
+from pipelines.ray_node import check_node_labels
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -105,9 +106,13 @@ class ScalingConfig:
     the cluster's CPUs after `data_cpus` (at most 1 each)."""
     data_cpus: float = 1.0
     """CPUs left free for Ray Data ingest tasks; training workers that took them all would deadlock ingest."""
+    node_labels: dict[str, str] = field(default_factory=dict)
+    """Ray node labels the training workers must land on, in Ray's label-selector syntax (`value`, `!value`,
+    `in(a,b)`), e.g. a KubeRay worker group's labels; {} = any node. Ray Train's `ScalingConfig.label_selector`."""
 
     def __post_init__(self):
         require(self.num_workers >= 1, "scaling.num_workers", "must be >= 1")
+        check_node_labels(self.node_labels, "scaling.node_labels")
         require(self.data_cpus >= 0, "scaling.data_cpus", "must be >= 0")
         for k, v in self.resources_per_worker.items():
             require(v >= 0, f"scaling.resources_per_worker.{k}", f"must be >= 0, got {v}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from pipelines import metrics as metrics_api
 from pipelines import registry, storage
 from pipelines.config import to_dict
 from pipelines.ray_cluster import init_ray, ray_address
@@ -48,6 +49,8 @@ def worker_env() -> dict[str, str]:
     env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     env["MLFLOW_TRACKING_URI"] = registry.tracking_uri()
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Workers are killed when their function returns; a short report interval keeps their final flush short.
+    env.setdefault("RAY_metrics_report_interval_ms", str(metrics_api.REPORT_INTERVAL_MS))
     return env
 
 
@@ -80,7 +83,8 @@ def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, ca
     )
     resources = dict(plan.resources_per_worker)
     scaling = ray.train.ScalingConfig(num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
-                                      resources_per_worker=resources)
+                                      resources_per_worker=resources,
+                                      label_selector=dict(cfg.scaling.node_labels) or None)
     # preserve_order makes the row order and the split deterministic (locality hints off), so equal seeds
     # give equal runs and a resumed run can skip exactly the micro-batches it already trained on. The
     # materialized splits are read here, in the driver, so its context must keep the order too.

@@ -221,3 +221,5 @@ def train_fn_per_worker(config: dict) -> None:
     mask_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     train_loop(model, optimizer, scheduler, source, plan.loop, state, hooks, device, mask_dtype,
                after_step=lambda step: maybe_kill_worker(step, rank, world))
+    if rank == 0:
+        metrics_api.flush()  # the worker is killed when this returns: its final step must reach Prometheus

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from ray.serve.schema import ServeDeploySchema
@@ -65,6 +66,15 @@ def test_llm_config_on_cpu_and_gpu(cfg):
     assert llm.callback_config.callback_kwargs == {"local_checkpoint": True}  # a path: no per-node download
     assert llm.deployment_config["ray_actor_options"] == {"num_cpus": 0}
     assert llm.deployment_config["max_surge_percent"] == 100
+    assert "placement_group_bundle_label_selector" not in llm.deployment_config  # any node
+
+    # node_labels: Serve's bundle label selector on the engine replica's placement group, checked by Serve itself.
+    from ray import serve
+
+    pinned = _llm_config(replace(cfg, node_labels={"rayline.io/node": "in(worker-1,worker-2)"}), PINNED, {})
+    options = pinned.deployment_config
+    assert options["placement_group_bundle_label_selector"] == [{"rayline.io/node": "in(worker-1,worker-2)"}]
+    serve.deployment(lambda: None).options(placement_group_bundles=[{"CPU": 0.5}], **options)
 
     gpu = load_config(Config, "configs/serve/gpu_example.yaml")
     remote = ServedModel(source="s3://bucket/ckpt", ref="models:/rayline-small/2", name="rayline-small", version="2")
@@ -92,6 +102,8 @@ def test_gpu_example_renders_for_a_pod(monkeypatch):
     (["route_prefix=v1"], "route_prefix"),
     (["engine.kv_cache_memory_bytes=0"], "engine.kv_cache_memory_bytes"),
     (["colour=blue"], "colour"),
+    (["node_labels={rayline.io/node: 'in(worker-1,'}"], "node_labels.rayline.io/node"),
+    (["node_labels={'bad key!': worker-1}"], "node_labels.bad key!"),
 ])
 def test_config_errors_name_the_file_and_field(override, field):
     with pytest.raises(ConfigError, match=r"configs/serve/tiny_cpu\.yaml: " + re.escape(field)):
