@@ -4,13 +4,21 @@
     register_fresh(name, [(path, tags)])    the model registered anew in the test stack's MLflow
     ReplicaTimeline(target)                 the app's engine replicas' state changes, polled in a thread
     ChatLoad(base_url, streams)             a bounded loopback load of chat completions, each request timed
+    serve_node_loss(stack_cfg, model_dir)   the node of one engine replica lost under load (the test asserts on
+                                            it, bench/bench_faults.py prints it)
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
 
 from pipelines import registry
 
@@ -146,3 +154,105 @@ class ChatLoad:
         with self._lock:
             ok = sum(r.ok for r in self.requests)
             return {"ok": ok, "failed": len(self.requests) - ok}
+
+
+NODE_LOSS_APP, NODE_LOSS_PREFIX, NODE_LOSS_MODEL = "rayline-test-node-loss", "/node-loss-test", "rayline-node-loss-test"
+
+
+@dataclass
+class NodeLoss:
+    """What happened when worker-1 was lost under load: every request (times relative to time.monotonic()), when
+    the node was killed, back, and the app at full capacity again (None: not within the limit), the replicas'
+    nodes before and after, and the replica timeline."""
+
+    streams: int
+    requests: list[Request]
+    killed_at: float
+    joined_at: float
+    recovered_at: float | None
+    nodes_before: dict[str, str]
+    nodes_after: dict[str, str]
+    placed: dict[str, str]
+    replaced: dict[str, str]
+    lost_replica: str
+    events: list = field(default_factory=list)
+    timeline_started: float = 0.0
+
+    @property
+    def noticed_at(self) -> float | None:
+        """When Serve's controller reported the lost replica STOPPING or GONE (time.monotonic())."""
+        times = [t for t, rid, state in self.events
+                 if self.lost_replica.endswith(rid) and state in ("STOPPING", "GONE")]
+        return self.timeline_started + min(times) if times and self.lost_replica else None
+
+    @property
+    def failed(self) -> list[Request]:
+        return [r for r in self.requests if not r.ok]
+
+    def summary(self) -> dict:
+        return {
+            "streams": self.streams, "requests": len(self.requests), "failed": len(self.failed),
+            "failed_in_flight_at_kill": sum(r.start < self.killed_at for r in self.failed),
+            "replica_marked_down_s": None if self.noticed_at is None else round(self.noticed_at - self.killed_at, 1),
+            "node_rejoined_s": round(self.joined_at - self.killed_at, 1),
+            "full_capacity_s": None if self.recovered_at is None else round(self.recovered_at - self.killed_at, 1),
+            "failed_started_s": [round(r.start - self.killed_at, 1) for r in self.failed],
+            "errors": sorted({r.error[:120] for r in self.failed}),
+        }
+
+
+def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float = 8.0,
+                    recover_limit_s: float = 300.0) -> NodeLoss:
+    """Deploy the tiny model with `python -m pipelines.serve`, two replicas pinned to worker-1 and worker-2 of the
+    stack `cfg` (1-CPU nodes: one replica each); put `streams` loopback streams on it; after `warm_s` lose worker-1
+    (`stack.kill_node`) and bring a fresh one back (`stack.up(parts=["nodes"])`, as KubeRay replaces a pod); wait
+    until two replicas serve again with the lost one gone, keep the load `warm_s` more, and remove the app."""
+    from pipelines import stack
+    from pipelines.ray_node import NODE_LABEL
+    from serve.deploy_target import LocalServe
+
+    (version,) = register_fresh(NODE_LOSS_MODEL, [(str(model_dir), {})])
+    registry.set_alias(NODE_LOSS_MODEL, "champion", version)
+    serve_cfg = serve_config_dict(NODE_LOSS_APP, NODE_LOSS_PREFIX, NODE_LOSS_MODEL)
+    serve_cfg["engine"]["cpus_per_engine"] = 1.0  # one replica fills a 1-CPU worker node
+    serve_cfg.update(autoscaling={"min_replicas": 2, "max_replicas": 2}, node_labels={NODE_LABEL: "in(worker-1,worker-2)"})
+    target = LocalServe(NODE_LOSS_APP)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg_file = Path(tmp) / "serve.yaml"
+            cfg_file.write_text(yaml.safe_dump(serve_cfg))
+            out = subprocess.run([sys.executable, "-m", "pipelines.serve", "--config", str(cfg_file)],
+                                 capture_output=True, text=True, timeout=900, cwd=registry.PROJECT_ROOT)
+        if out.returncode != 0:
+            raise RuntimeError(f"deploy failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        before = node_ids_by_label(cfg)
+        load = ChatLoad(f"http://127.0.0.1:{cfg.serve_port}{NODE_LOSS_PREFIX}/v1", streams)
+        with ReplicaTimeline(target) as timeline:
+            if not timeline.wait_for(lambda t: t.running == 2, 240):
+                raise RuntimeError(f"the two replicas did not start: {timeline.events}")
+            placed = dict(timeline.nodes)
+            lost = [rid for rid, node in placed.items() if node == before.get("worker-1")]
+            with load:
+                time.sleep(warm_s)
+                killed_at = time.monotonic()
+                stack.kill_node(cfg, 1)
+                stack.up(cfg, parts=["nodes"])
+                joined_at = time.monotonic()
+                gone = lost[0] if lost else ""
+                recovered = timeline.wait_for(lambda t: t.running == 2 and gone not in t.running_ids(), recover_limit_s)
+                recovered_at = time.monotonic() if recovered else None
+                replaced = dict(timeline.nodes)
+                time.sleep(warm_s)  # the replaced pair under the same load
+        return NodeLoss(streams, sorted(load.requests, key=lambda r: r.start), killed_at, joined_at, recovered_at,
+                        before, node_ids_by_label(cfg), placed, replaced, gone, list(timeline.events), timeline.started)
+    finally:
+        target.delete()
+
+
+def node_ids_by_label(cfg) -> dict[str, str]:
+    """`rayline.io/node` label -> node id of the stack's alive nodes."""
+    from pipelines import stack
+    from pipelines.ray_node import NODE_LABEL, alive_nodes
+
+    token = stack.ray_token_path(cfg).read_text().strip()
+    return {n["labels"].get(NODE_LABEL): n["node_id"] for n in alive_nodes(cfg.dashboard_port, token)}

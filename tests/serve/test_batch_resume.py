@@ -2,7 +2,7 @@
 
 Real parts: `python -m pipelines.batch_infer` as a user runs it, against the test stack's Ray head, a vLLM
 engine on CPU, output and checkpoint on the stack's S3 (Swift). The driver is killed with SIGKILL as soon as
-its first result file is whole; the same config is then run again.
+its checkpoint record holds a committed result file; the same config is then run again.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import pytest
 from pipelines import storage
 from pipelines.config import load_config
 from serve.batch.config import Config
-from serve.batch.progress import WrittenRows
 from serve.batch.resume import checkpoint_uri, identity_uri
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,25 +34,35 @@ def overrides(input_path, output_uri: str, model_dir) -> list[str]:
     ]
 
 
-def kill_after_first_file(cmd: list[str], output_uri: str, log_path, timeout_s: float = 600) -> float:
-    """Start the job and SIGKILL its driver once a result file is whole; returns the seconds it ran."""
+def kill_after_first_commit(cmd: list[str], record_uri: str, log_path, timeout_s: float = 600) -> float:
+    """Start the job and SIGKILL its driver once the checkpoint record holds a committed result file (a result
+    file alone is not enough: until its record is committed, a resume rightly writes its rows again); returns
+    the seconds it ran."""
     started = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    written = WrittenRows(output_uri)
     try:
         while time.monotonic() - started < timeout_s:
             if proc.poll() is not None:
                 pytest.fail(f"the job ended (rc {proc.returncode}) before it could be killed: {open(log_path).read()[-3000:]}")
-            if written.count() > 0:
+            if committed(record_uri) > 0:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(30)
                 return time.monotonic() - started
             time.sleep(0.2)
-        pytest.fail(f"no result file within {timeout_s} s")
+        pytest.fail(f"no committed result file within {timeout_s} s")
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def committed(record_uri: str) -> int:
+    from serve.batch.resume import committed_rows
+
+    try:
+        return committed_rows(record_uri)
+    except Exception:  # not there yet, or a file going away under the listing
+        return 0
 
 
 def test_a_commit_cut_between_copy_and_delete_is_finished_not_undone(tmp_path):
@@ -118,10 +127,10 @@ def test_a_killed_job_started_again_answers_only_the_rest_and_every_row_once(loc
     args = overrides(input_path, output_uri, tiny_model_dir)
     cmd = [sys.executable, "-m", "pipelines.batch_infer", "--config", "configs/batch/infer_tiny.yaml", *args]
 
-    ran_s = kill_after_first_file(cmd, output_uri, tmp_path / "first.log")
-    print(f"killed after {ran_s:.1f} s")
     cfg = load_config(Config, os.path.join(ROOT, "configs/batch/infer_tiny.yaml"), args)
     record = checkpoint_uri(cfg)
+    ran_s = kill_after_first_commit(cmd, record, tmp_path / "first.log")
+    print(f"killed after {ran_s:.1f} s")
     assert storage.list_files(record), "the killed run left no checkpoint beside its output"
     before = set(storage.list_files(output_uri))
     state = {"output": {f: file_rows(output_uri, [f]) for f in before},
