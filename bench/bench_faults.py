@@ -7,8 +7,7 @@ Scenarios:
   serve-node-loss  the `tiny` engine app (python -m pipelines.serve), one replica pinned to each worker node
                    (`node_labels`), `--streams` loopback streams of chat completions; worker-1 is SIGKILLed whole
                    (raylet, workers, engine: a lost machine) and a fresh worker-1 started, as KubeRay replaces a
-                   lost pod (tests/serve/serving.py `serve_node_loss`, which tests/serve/test_serve_node_loss.py
-                   asserts on).
+                   lost pod (tests/serve/serving.py `serve_node_loss`).
 Each line: the load held, the fault, requests failed (how many of them were in flight on the lost replica when
 it went; the others were sent to it before Serve marked it down), rows lost or duplicated, seconds until the node rejoined and until full capacity. Serving has no
 rows to lose: each request is answered or counted failed. Not yet scenarios here: a training node loss (tested in

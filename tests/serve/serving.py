@@ -4,8 +4,8 @@
     register_fresh(name, [(path, tags)])    the model registered anew in the test stack's MLflow
     ReplicaTimeline(target)                 the app's engine replicas' state changes, polled in a thread
     ChatLoad(base_url, streams)             a bounded loopback load of chat completions, each request timed
-    serve_node_loss(stack_cfg, model_dir)   the node of one engine replica lost under load (the test asserts on
-                                            it, bench/bench_faults.py prints it)
+    serve_node_loss(stack_cfg, model_dir)   the node of one engine replica lost under load (bench/bench_faults.py
+                                            prints it)
 """
 
 from __future__ import annotations
