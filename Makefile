@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.rayline-installed
 SWIFT_PKGS := swift swift-proxy swift-object swift-container swift-account memcached
-SYSTEM_PKGS := $(SWIFT_PKGS) prometheus
+SYSTEM_PKGS := $(SWIFT_PKGS) prometheus redis-server
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test install system-deps stack-up stack-down bench lint clean-state
@@ -29,14 +29,15 @@ $(INSTALLED): pyproject.toml
 	$(PY) -c "import vllm, transformers, ray; print('installed: ray', ray.__version__, 'vllm', vllm.__version__)"
 	touch $@
 
-# Swift (the S3 store of the local stack's --s3 mode and of the S3 tests) and Prometheus (the stack's metrics,
-# `promtool` for the alert-rule tests) come from Debian packages.
+# Swift (the S3 store of the local stack's --s3 mode and of the S3 tests), Prometheus (the stack's metrics,
+# `promtool` for the alert-rule tests) and Redis (the GCS's external store under `gcs_redis`, as on KubeRay with
+# GCS fault tolerance) come from Debian packages.
 system-deps:
-	@if command -v swift-proxy-server >/dev/null && command -v memcached >/dev/null && command -v promtool >/dev/null; then :; \
+	@if command -v swift-proxy-server >/dev/null && command -v memcached >/dev/null && command -v promtool >/dev/null && command -v redis-server >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PKGS) >/dev/null || \
 		(apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PKGS) >/dev/null); \
-	else echo "note: Swift/Prometheus not installed and no root/apt-get: S3 and metrics tests will be skipped (apt-get install $(SYSTEM_PKGS))"; fi
+	else echo "note: Swift/Prometheus not installed and no root/apt-get: S3, metrics and GCS fault tests will be skipped (apt-get install $(SYSTEM_PKGS))"; fi
 
 stack-up: install
 	$(PY) -m pipelines.stack up --s3

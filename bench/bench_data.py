@@ -46,16 +46,22 @@ def sentence(rng: random.Random, lo: int, hi: int) -> str:
     return " ".join(words).capitalize() + "."
 
 
-def write_records(folder: Path, n: int, files: int, seed: int = 0) -> list[list[dict]]:
-    """`n` unique chat records spread over `files` JSONL files; returns their message lists."""
+def chat_records(n: int, seed: int = 0):
+    """`n` unique, valid chat records' message lists, made one at a time."""
     rng = random.Random(seed)
-    out = []
-    handles = [open(folder / f"part-{i:03d}.jsonl", "w") for i in range(files)]
     for i in range(n):
         messages = [{"role": "user", "content": f"Question {i}: " + sentence(rng, 10, 80)},
                     {"role": "assistant", "content": sentence(rng, 20, 200)}]
         if rng.random() < 0.5:
             messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+        yield messages
+
+
+def write_records(folder: Path, n: int, files: int, seed: int = 0) -> list[list[dict]]:
+    """`n` unique chat records spread over `files` JSONL files; returns their message lists."""
+    out = []
+    handles = [open(folder / f"part-{i:03d}.jsonl", "w") for i in range(files)]
+    for i, messages in enumerate(chat_records(n, seed)):
         handles[i % files].write(json.dumps({"id": f"r{i}", "messages": messages}) + "\n")
         out.append(messages)
     for h in handles:
@@ -119,9 +125,10 @@ def stage_setup(cfg, tokens: int) -> dict:
     import ray
 
     from data.prepare import _task_threads
+    from pipelines.ray_cluster import node_free_cpus
 
     cpus = float(ray.cluster_resources()["CPU"])
-    threads = _task_threads(cpus, cfg.num_shards)
+    threads = _task_threads(cpus, cfg.num_shards, node_free_cpus())
     at_once = min(cfg.num_shards, int(cpus // threads))
 
     @ray.remote(num_cpus=threads)

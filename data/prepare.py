@@ -35,7 +35,7 @@ from data.tokens import (
     tokenizer_identity,
 )
 from pipelines import metrics, storage
-from pipelines.ray_cluster import cluster_cpus, init_ray
+from pipelines.ray_cluster import cluster_cpus, init_ray, node_free_cpus
 
 
 @dataclass
@@ -52,10 +52,11 @@ class Result:
     manifest: dict = field(default_factory=dict, repr=False)
 
 
-def _task_threads(cpus: float, num_shards: int) -> int:
+def _task_threads(cpus: float, num_shards: int, node_cpus: float) -> int:
     """Rust tokenizer threads (and CPUs) per shard task: the cluster's CPUs shared by the shards, so a few
-    shards on a big cluster still use it; one each when there are more shards than CPUs."""
-    return max(1, min(int(cpus) // max(num_shards, 1), 16))
+    shards on a big cluster still use it; one each when there are more shards than CPUs. A task runs on one
+    node: never more than `node_cpus`, the most one node has free, or it could never be scheduled."""
+    return max(1, min(int(cpus) // max(num_shards, 1), int(node_cpus), 16))
 
 
 def _part_bytes(files: list[SourceFile], cpus: float) -> int:
@@ -163,7 +164,7 @@ def main(cfg: Config) -> Result:
 
     example_plan = ExamplePlan(RecordRules.from_config(cfg), ChatRenderer.build(_template_spec(cfg, tok)), cfg.seed,
                                0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, cfg.num_shards)
-    threads = _task_threads(cpus, cfg.num_shards)
+    threads = _task_threads(cpus, cfg.num_shards, node_free_cpus())
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
                            threads, cfg.num_shards)

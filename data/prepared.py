@@ -54,4 +54,9 @@ def read_split(manifest_uri: str, split: str = "train") -> ray.data.Dataset:
     fs, path = storage.resolve(info["path"])
     from pipelines.ray_cluster import read_parquet
 
-    return read_parquet(path, filesystem=fs, file_extensions=["parquet"]).select_columns(list(COLUMNS))
+    files = [f for f in storage.list_files(info["path"]) if f.endswith(".parquet")]
+    # One block per shard file, whatever the cluster: left to itself, Ray Data sizes a read by the cluster's
+    # CPUs, and the blocks decide which rows each training worker's split gets, so the same seed and data
+    # would train differently on a cluster that has more (or fewer) nodes, e.g. after a node was lost.
+    return read_parquet(path, filesystem=fs, file_extensions=["parquet"],
+                        override_num_blocks=max(1, len(files))).select_columns(list(COLUMNS))

@@ -1,9 +1,11 @@
 """The processes the local stack starts and stops: whether one lives, what else runs in its session, and
-which Ray session a `ray start` in a session belongs to. Read from /proc; nothing is stopped here."""
+which Ray session a `ray start` in a session belongs to (read from /proc), and killing a whole session at once."""
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,6 +22,14 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def process_name(pid: int) -> str:
+    """The process's command name (/proc/<pid>/comm), "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def session_members(sid: int) -> list[int]:
@@ -49,3 +59,26 @@ def ray_session_dir(pids: Iterable[int]) -> str | None:
                     if arg.startswith(flag):
                         return arg[len(flag):].decode()
     return None
+
+
+def kill_session(sid: int, spare: Iterable[int] = ()) -> int:
+    """SIGKILL every process in session `sid` but those in `spare`; returns how many were signalled."""
+    killed = 0
+    for pid in set(session_members(sid)) - set(spare):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
+    return killed
+
+
+def kill_session_and_wait(sid: int, timeout_s: float = 10.0) -> int:
+    """Kill session `sid` all at once, as a machine is lost, and return once its processes are gone (so their
+    ports are free again) or `timeout_s` passed. Returns how many were killed."""
+    members = session_members(sid)
+    killed = kill_session(sid)
+    deadline = time.time() + timeout_s
+    while any(pid_alive(p) for p in members) and time.time() < deadline:
+        time.sleep(0.05)
+    return killed

@@ -36,6 +36,10 @@ AUTOSCALER_ENV = {
     "AUTOSCALER_UPDATE_INTERVAL_S": "1",
 }
 """The head's environment for the fake provider and autoscaler v2 (as ray.cluster_utils.AutoscalingCluster)."""
+AUTOSCALED_NODE_ENV = {"RAY_SERVE_WORKER_PROXY_HTTP_PORT": "0"}
+"""What the head passes on to the nodes the provider starts (they inherit the autoscaler's environment): a Serve
+proxy on an autoscaled node binds a free port, not the head proxy's, which every node on 127.0.0.1 shares (the
+head's own proxy ignores this setting)."""
 
 
 def autoscaling_config(head_cpus: int, node_cpus: int, max_nodes: int, idle_timeout_s: float, gcs_address: str) -> dict:
@@ -79,4 +83,4 @@ def head_autoscaler(cfg) -> tuple[list[str], dict[str, str]]:
         idle_timeout_s=cfg.autoscale_idle_timeout_s, gcs_address=f"127.0.0.1:{cfg.ray_port}",
     )
     path.write_text(json.dumps(config, indent=1))  # JSON is YAML: `--autoscaling-config` reads it
-    return [f"--autoscaling-config={path}"], dict(AUTOSCALER_ENV)
+    return [f"--autoscaling-config={path}"], {**AUTOSCALER_ENV, **AUTOSCALED_NODE_ENV}

@@ -65,6 +65,16 @@ def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 1.0))
 
 
+def node_free_cpus() -> float:
+    """The most CPUs one task can get now: the largest free CPU count of any alive node. A task asking for more
+    waits forever, even when the cluster as a whole has them (CPUs are spread over nodes, or held by a
+    running app)."""
+    from ray._private import state
+
+    free = [float(r.get("CPU", 0.0)) for r in state.available_resources_per_node().values()]
+    return max(free, default=0.0)
+
+
 def read_parquet(paths, **kwargs) -> "ray.data.Dataset":
     """`ray.data.read_parquet` through Ray Data's task-based Parquet reader (`use_datasource_v2=False`).
 

@@ -2,6 +2,7 @@
 (`ray start --address ... --block`, kept on loopback).
 
     python -m pipelines.ray_node --address=127.0.0.1:6379 [any other `ray start` option ...]
+    python -m pipelines.ray_node --head [...]    # a head whose GCS keeps its state in Redis (gcs_redis)
 
 The stack keeps Ray on 127.0.0.1 with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (pipelines/stack.py). With that
 switch `ray start` refuses to join a cluster ("Multi-node Ray clusters are not supported"), and without it
@@ -46,6 +47,17 @@ def worker_node_ports(cfg, i: int) -> dict[str, int]:
     return {name: base + k for k, name in enumerate(NODE_PORTS)}
 
 
+def worker_node_env(cfg, i: int) -> dict[str, str]:
+    """Environment of worker node i's processes: its Serve proxy listens on a port of its own, the first after its
+    fixed ones (every node of the stack shares 127.0.0.1, where one port holds one proxy)."""
+    return {"RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(worker_proxy_port(cfg, i))}
+
+
+def worker_proxy_port(cfg, i: int) -> int:
+    """Where worker node i's Serve proxy listens (HTTP), once Serve runs a proxy there."""
+    return cfg.node_port_base + 100 * i + len(NODE_PORTS)
+
+
 def worker_node_name(i: int) -> str:
     return f"ray-worker-{i}"
 
@@ -79,10 +91,21 @@ def main(argv: list[str] | None = None) -> None:
     from ray._private import ray_constants, services
     from ray.scripts.scripts import main as ray_cli
 
-    # The join check reads the switch; address resolution gets what the switch gives otherwise (loopback).
-    ray_constants.ENABLE_RAY_CLUSTER = True
-    services.get_node_ip_address = lambda address=None: get_localhost_ip()
-    sys.argv = ["ray", "start", *(sys.argv[1:] if argv is None else argv)]
+    args = sys.argv[1:] if argv is None else argv
+    if "--head" in args:
+        # A head started again beside worker nodes that wait for its GCS (GCS fault tolerance, pipelines/gcs_store.py):
+        # their processes carry --gcs-address=<the head's port>, which `ray start` reads as a cluster already running
+        # on it. The stack checked the port itself before starting.
+        def no_local_gcs() -> frozenset:
+            return frozenset()
+
+        no_local_gcs.cache_clear = lambda: None  # ray.shutdown() clears the real one's cache at exit
+        services.find_gcs_addresses = no_local_gcs
+    else:
+        # The join check reads the switch; address resolution gets what the switch gives otherwise (loopback).
+        ray_constants.ENABLE_RAY_CLUSTER = True
+        services.get_node_ip_address = lambda address=None: get_localhost_ip()
+    sys.argv = ["ray", "start", *args]
     ray_cli()
 
 

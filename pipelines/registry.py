@@ -34,6 +34,8 @@ TAG_RAY_JOB_ID = "rayline.ray_job_id"
 TAG_STAGE = "rayline.stage"
 TAG_CHECKPOINT_URI = "rayline.checkpoint_uri"
 TAG_SOURCE_RUN = "rayline.source_run_id"
+TAG_ADAPTER = "rayline.adapter"  # "lora": the version is an adapter of the version TAG_BASE_MODEL names
+TAG_LORA_RANK = "rayline.lora_rank"
 DEFAULT_ALIAS = "champion"
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@
 Everything binds to 127.0.0.1 and lives under the state dir (default `.rayline/`): process ids and
 the config in `stack.json`, logs in `logs/`, the MLflow SQLite store and artifacts in `mlflow/`, the
 Ray auth token in `ray_auth_token`, Swift's rings and objects in `swift/`, Prometheus's config and TSDB in
-`prometheus/` (pipelines/prometheus.py). Each process runs in the
-foreground of its own session, so `down` can stop exactly the processes it started.
+`prometheus/` (pipelines/prometheus.py). What each part runs is pipelines/stack_parts.py. Each process runs in
+the foreground of its own session, so `down` can stop exactly the processes it started.
 """
 
 from __future__ import annotations
@@ -29,40 +29,13 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipelines import objectstore, prometheus
-from pipelines.processes import pid_alive, ray_session_dir, session_members
-from pipelines.ray_autoscaler import head_autoscaler
-from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_argv, worker_node_name, worker_node_ports
+from pipelines import gcs_store, objectstore, prometheus, stack_parts
 from pipelines.config import ConfigError, apply_overrides, from_dict, to_dict
-from pipelines.ray_env import SERVE_PROCESS_ENV
+from pipelines.processes import (kill_session_and_wait, pid_alive, process_name, ray_session_dir,
+                                 session_members)
+from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_name
 from pipelines.stack_config import PROJECT_ROOT, StackConfig
-
-# Ray swaps a 127.0.0.1 node address for the machine's public IP, so its GCS and raylet would listen
-# on every interface; this switch (meant for laptops) keeps the node, and every server, on loopback.
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-# MLflow delivers webhooks only to public https URLs by default (SSRF protection) and caches the webhook list
-# for 60 s; the local stack's receiver is `pipelines.rollout --watch` on loopback (serve/webhook.py).
-MLFLOW_WEBHOOK_ENV = {"MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
-                      "MLFLOW_WEBHOOK_CACHE_TTL": "1"}
-
-
-def _python() -> str:
-    return sys.executable
-
-
-def _ports(cfg: StackConfig) -> dict[str, list[int]]:
-    ports = {"ray": [cfg.ray_port, cfg.dashboard_port, cfg.ray_client_port, cfg.dashboard_agent_port, cfg.metrics_export_port],
-             "mlflow": [cfg.mlflow_port], "prometheus": [cfg.prometheus_port]}
-    if cfg.s3:
-        ports["s3"] = [cfg.s3_port, cfg.memcached_port, *objectstore.backend_ports(cfg.s3_port).values()]
-    if cfg.nodes:
-        ports["nodes"] = [p for i in range(1, cfg.nodes + 1) for p in worker_node_ports(cfg, i).values()]
-    return ports
-
-
-def runs_prometheus(cfg: StackConfig) -> bool:
-    """Prometheus is on in the config and installed here (`up` says why when it is on but cannot run)."""
-    return cfg.prometheus and prometheus.available() is None
+from pipelines.stack_parts import env_vars, ray_token_path, runs_prometheus
 
 
 def port_busy(port: int) -> bool:
@@ -84,79 +57,17 @@ def _http_ok(url: str, timeout: float = 2.0, token: str | None = None) -> bool:
         return False
 
 
-def ray_token_path(cfg: StackConfig) -> Path:
-    return cfg.state / "ray_auth_token"
+def _gcs_namespace(cfg: StackConfig) -> str:
+    """The head's namespace in Redis: kept while the stack runs, so a head started again after its GCS died comes
+    back with the cluster's state; `down` drops it, so a fresh stack starts a fresh cluster."""
+    data = _read_state(cfg.state)
+    if not data.get("gcs_namespace"):
+        data["gcs_namespace"] = gcs_store.new_namespace()
+        _write_state(cfg.state, data)
+    return data["gcs_namespace"]
 
 
-def env_vars(cfg: StackConfig) -> dict[str, str]:
-    """What a shell, a driver or a submitted job needs to reach this stack."""
-    env = {
-        "RAY_ADDRESS": f"http://127.0.0.1:{cfg.dashboard_port}",
-        **LOOPBACK_ENV,
-        "RAYLINE_RAY_GCS": f"127.0.0.1:{cfg.ray_port}",
-        "RAYLINE_DASHBOARD_URL": f"http://127.0.0.1:{cfg.dashboard_port}",
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(ray_token_path(cfg)),
-        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{cfg.mlflow_port}",
-        "RAYLINE_SERVE_URL": f"http://127.0.0.1:{cfg.serve_port}",
-    }
-    if cfg.s3:
-        env.update(objectstore.s3_env(cfg.s3_port))
-        env["RAYLINE_BUCKET"] = cfg.bucket
-    if runs_prometheus(cfg):
-        env["RAYLINE_PROMETHEUS_URL"] = f"http://127.0.0.1:{cfg.prometheus_port}"
-    return env
-
-
-def _specs(cfg: StackConfig) -> dict[str, list[tuple[str, list[str], dict[str, str]]]]:
-    """Part -> processes to start, in order: (name, argv, extra env)."""
-    st = cfg.state
-    token_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(ray_token_path(cfg))}
-    ray_argv = [
-        str(Path(_python()).with_name("ray")), "start", "--head", "--block",
-        "--node-ip-address=127.0.0.1", f"--port={cfg.ray_port}",
-        "--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}",
-        f"--ray-client-server-port={cfg.ray_client_port}", f"--dashboard-agent-listen-port={cfg.dashboard_agent_port}",
-        f"--min-worker-port={cfg.min_worker_port}", f"--max-worker-port={cfg.max_worker_port}", "--include-dashboard=true", "--disable-usage-stats",
-        f"--num-cpus={cfg.num_cpus or os.cpu_count()}", f"--metrics-export-port={cfg.metrics_export_port}",
-        f"--labels={NODE_LABEL}=head",
-    ]
-    # Job entrypoints say `python ...`: that must be this environment's Python. Workers import the
-    # project's packages; jobs get a working_dir, local drivers rely on PYTHONPATH.
-    venv_bin = str(Path(_python()).parent)
-    ray_env = {**token_env, **LOOPBACK_ENV, "PYTHONPATH": str(PROJECT_ROOT),
-               "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(Path(venv_bin).parent), "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port), **SERVE_PROCESS_ENV}
-    if cfg.s3:
-        ray_env.update(objectstore.s3_env(cfg.s3_port))
-    if runs_prometheus(cfg):
-        # The Ray dashboard's metrics views read this Prometheus.
-        ray_env["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{cfg.prometheus_port}"
-    autoscaler_argv, autoscaler_env = head_autoscaler(cfg)
-    ray_argv += autoscaler_argv
-    head_env = {**ray_env, **autoscaler_env}
-    mlflow_argv = [
-        _python(), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(cfg.mlflow_port),
-        "--backend-store-uri", f"sqlite:///{st / 'mlflow' / 'mlflow.db'}",
-        "--artifacts-destination", str(st / "mlflow" / "artifacts"), "--workers", "1",
-        "--expose-prometheus", str(st / "mlflow" / "metrics"),
-    ]
-    specs = {
-        "ray": [("ray-head", ray_argv, head_env)],
-        # Job execution spawns a worker pool that costs ~1 GB; rayline does not use it.
-        "mlflow": [("mlflow", mlflow_argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **MLFLOW_WEBHOOK_ENV})],
-    }
-    if cfg.s3:
-        specs["s3"] = [(n, a, {}) for n, a in objectstore.prepare(st, cfg.s3_port, cfg.memcached_port)]
-    if cfg.nodes:
-        specs["nodes"] = [(worker_node_name(i), worker_node_argv(cfg, i, _python()), ray_env) for i in range(1, cfg.nodes + 1)]
-    if runs_prometheus(cfg):
-        specs["prometheus"] = [("prometheus", prometheus.prepare(st, cfg.prometheus_port, cfg.mlflow_port,
-                                                                   cfg.scrape_interval_s), {})]
-    return specs
-
-
-def _node_ids(cfg: StackConfig) -> dict[str, set[str]]:
+def node_ids(cfg: StackConfig) -> dict[str, set[str]]:
     """The node ids of the cluster's alive nodes by their `rayline.io/node` label. A node lost a moment ago is
     still listed until the GCS's health checks give up on it."""
     token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
@@ -176,11 +87,22 @@ def part_healthy(cfg: StackConfig, part: str) -> bool:
         return objectstore.healthy(cfg.s3_port)
     if part == "prometheus":
         return prometheus.healthy(cfg.prometheus_port)
+    if part == "redis":
+        return gcs_store.healthy(cfg.state, cfg.redis_port)
     if part == "nodes":
-        pids, labels = _read_state(cfg.state)["pids"], _node_ids(cfg)
+        pids, labels = _read_state(cfg.state)["pids"], node_ids(cfg)
         return all(f"worker-{i}" in labels and pid_alive(pids.get(worker_node_name(i), -1))
                    for i in range(1, cfg.nodes + 1))
     raise ValueError(part)
+
+
+def _head_registered(cfg: StackConfig, since_ms: int) -> bool:
+    """A head node started at `since_ms` or later is alive in the GCS: its raylet registered. The dashboard answers
+    before that, and a raylet that cannot register within Ray's 30 s (a GCS still reloading its tables from Redis
+    on a loaded box) takes `ray start --block`, and so the whole head, down with it."""
+    token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
+    return any(n.get("is_head_node") and (n.get("start_time_ms") or 0) >= since_ms
+               for n in alive_nodes(cfg.dashboard_port, token))
 
 
 def _read_state(state: Path) -> dict:
@@ -203,7 +125,7 @@ def _spawn(state: Path, name: str, argv: list[str], extra_env: dict[str, str]) -
 
 
 def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
-    """Start every part (or only `parts`: "ray", "mlflow", "s3", "prometheus", "nodes") that is not already healthy;
+    """Start every part (or only `parts`: "redis", "ray", "mlflow", "s3", "prometheus", "nodes") that is not already healthy;
     wait until each answers. Idempotent. `notes` in the result says why a part that is on did not start."""
     state = cfg.state
     state.mkdir(parents=True, exist_ok=True)
@@ -212,11 +134,14 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
     if not token.exists():
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
-    specs = {part: procs for part, procs in _specs(cfg).items() if parts is None or part in parts}
+    namespace = _gcs_namespace(cfg) if cfg.gcs_redis else ""
+    specs = {part: procs for part, procs in stack_parts.specs(cfg, namespace).items() if parts is None or part in parts}
     if "s3" in specs:
         reason = objectstore.available()
         if reason:
             raise RuntimeError(f"--s3: {reason}")
+    if "redis" in specs and gcs_store.available():
+        raise RuntimeError(f"gcs_redis: {gcs_store.available()}")
     notes = []
     if cfg.prometheus and prometheus.available() and (parts is None or "prometheus" in parts):
         notes.append(f"prometheus not started: {prometheus.available()}")
@@ -227,7 +152,7 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
     for part in to_start:
         if any(pid_alive(data["pids"].get(n, -1)) for n, _, _ in specs[part]):
             continue  # ours, still starting
-        busy = [p for p in _ports(cfg)[part] if port_busy(p)]
+        busy = [p for p in stack_parts.ports(cfg)[part] if port_busy(p)]
         if busy:
             raise RuntimeError(
                 f"{part}: port {busy[0]} on 127.0.0.1 is already in use by another process; pick another "
@@ -235,14 +160,18 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
             )
     started: list[str] = []
     deadline = time.time() + cfg.timeout_s
+    head_since_ms = None  # set when this call starts the head: its raylet must register, not just its dashboard answer
+    ready = {"ray": lambda: part_healthy(cfg, "ray") and (head_since_ms is None or _head_registered(cfg, head_since_ms))}
     for part in to_start:
         if part == "nodes":  # worker nodes join a head that answers
-            _wait_healthy(cfg, "ray", specs["ray"] if "ray" in specs else [], data, deadline)
+            _wait_healthy(cfg, "ray", specs["ray"] if "ray" in specs else [], data, deadline, ready["ray"])
+        if part == "ray":
+            head_since_ms = int(time.time() * 1000) - 1000
         data.setdefault("parts", {})[part] = [n for n, _, _ in specs[part]]
         for name, argv, env in specs[part]:
             if not pid_alive(data["pids"].get(name, -1)):
                 label = name.removeprefix("ray-")
-                lost = _node_ids(cfg).get(label, set()) if part == "nodes" else set()
+                lost = node_ids(cfg).get(label, set()) if part == "nodes" else set()
                 data["pids"][name] = _spawn(state, name, argv, env)
                 started.append(name)
                 if part == "nodes":
@@ -250,11 +179,11 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
                     # A node that replaces a lost one counts once it joined under a new node id.
                     _write_state(state, data)
                     _wait_healthy(cfg, part, [(name, argv, env)], data, deadline,
-                                  lambda: bool(_node_ids(cfg).get(label, set()) - lost))
+                                  lambda: bool(node_ids(cfg).get(label, set()) - lost))
         _write_state(state, data)
     _write_state(state, data)
     for part in specs:
-        _wait_healthy(cfg, part, specs[part], data, deadline)
+        _wait_healthy(cfg, part, specs[part], data, deadline, ready.get(part))
     if "s3" in specs:
         objectstore.ensure_bucket(cfg.bucket, cfg.s3_port)
     if "prometheus" in specs and "ray-head" in data["pids"]:
@@ -271,8 +200,20 @@ def _wait_healthy(cfg: StackConfig, part: str, procs: list, data: dict, deadline
         dead = [n for n, _, _ in procs if not pid_alive(data["pids"].get(n, -1))]
         if dead or time.time() > deadline:
             why = f"{dead[0]} exited" if dead else f"no answer after {cfg.timeout_s}s"
-            raise RuntimeError(f"{part}: {why}; see {cfg.state / 'logs' / ((dead or [part])[0] + '.log')}")
+            log = cfg.state / "logs" / ((dead or [part])[0] + ".log")
+            raise RuntimeError(f"{part}: {why}; see {log}{_log_tail(log)}")
         time.sleep(0.5)
+
+
+def _log_tail(log: Path, lines: int = 6) -> str:
+    """The last lines of a part's log, for an error message ("" when there is none)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4000))
+            tail = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()][-lines:]
+    except OSError:
+        return ""
+    return ("; its log ends:\n  " + "\n  ".join(tail)) if tail else ""
 
 
 def down(cfg: StackConfig, grace_s: float = 10.0, parts: Iterable[str] | None = None) -> list[str]:
@@ -294,24 +235,20 @@ def down(cfg: StackConfig, grace_s: float = 10.0, parts: Iterable[str] | None = 
     while time.time() < deadline and any(pid_alive(p) for p in pids.values()):
         time.sleep(0.2)
     for sid in pids.values():
-        _kill_session(sid)
+        kill_session_and_wait(sid)  # gone, ports free, before `down` returns
     data["pids"] = {n: p for n, p in data["pids"].items() if n not in pids}
+    if parts is None or "ray" in parts:  # a head started later is a new cluster
+        data.pop("gcs_namespace", None)
     if parts is not None and "nodes" in parts:  # the stack runs on without worker nodes
         data.get("parts", {}).pop("nodes", None)
         data.get("config", {})["nodes"] = 0
+        # The head runs on: return once its GCS no longer counts them, or the next job sizes itself (cluster
+        # CPUs, tasks per node) for nodes that are gone and waits forever for their CPUs.
+        gone = [n.removeprefix("ray-") for n in pids]
+        while time.time() < deadline + 30 and any(label in node_ids(cfg) for label in gone):
+            time.sleep(0.2)
     _write_state(cfg.state, data)
     return stopped
-
-
-def _kill_session(sid: int) -> int:
-    killed = 0
-    for pid in session_members(sid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except ProcessLookupError:
-            pass
-    return killed
 
 
 def kill_node(cfg: StackConfig, i: int) -> int:
@@ -321,12 +258,29 @@ def kill_node(cfg: StackConfig, i: int) -> int:
     pid = _read_state(cfg.state)["pids"].get(worker_node_name(i))
     if pid is None or not pid_alive(pid):
         raise RuntimeError(f"worker node {i} is not running (stack.json in {cfg.state})")
-    members = session_members(pid)
-    killed = _kill_session(pid)
-    deadline = time.time() + 10
-    while any(pid_alive(p) for p in members) and time.time() < deadline:  # its ports free again
-        time.sleep(0.05)
-    return killed
+    return kill_session_and_wait(pid)
+
+
+def kill_gcs(cfg: StackConfig) -> int:
+    """SIGKILL the head's GCS process, as a crash would. `ray start --block` then takes the rest of the head down,
+    as the head container exits on KubeRay; returns once the head's processes are gone. With `gcs_redis`,
+    `up(cfg, parts=["ray"])` starts a head that comes back with the cluster's state (as KubeRay restarts the head
+    pod), and worker nodes that waited for it rejoin. Returns the GCS's PID."""
+    head = _read_state(cfg.state)["pids"].get("ray-head")
+    if head is None or not pid_alive(head):
+        raise RuntimeError(f"the Ray head is not running (stack.json in {cfg.state})")
+    gcs = [p for p in session_members(head) if process_name(p) == "gcs_server"]
+    if not gcs:
+        raise RuntimeError(f"no gcs_server process in the Ray head's session (pid {head})")
+    os.kill(gcs[0], signal.SIGKILL)
+    deadline = time.time() + 30
+    while pid_alive(head) and time.time() < deadline:  # `ray start --block` notices within a second
+        time.sleep(0.1)
+    kill_session_and_wait(head)  # whatever it left behind
+    # A head started again needs the same ports: return once nothing listens on them any more.
+    while time.time() < deadline + 30 and any(port_busy(p) for p in stack_parts.ports(cfg)["ray"]):
+        time.sleep(0.2)
+    return gcs[0]
 
 
 def status(cfg: StackConfig) -> dict[str, dict]:
@@ -340,7 +294,7 @@ def status(cfg: StackConfig) -> dict[str, dict]:
 
 
 def _specs_for_status(cfg: StackConfig) -> dict[str, list[str]]:
-    parts = {"ray": ["ray-head"], "mlflow": ["mlflow"]}
+    parts = {**({"redis": ["redis"]} if cfg.gcs_redis else {}), "ray": ["ray-head"], "mlflow": ["mlflow"]}
     if cfg.s3:
         parts["s3"] = _read_state(cfg.state).get("parts", {}).get("s3", [])
     if runs_prometheus(cfg):

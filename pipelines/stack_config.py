@@ -42,6 +42,11 @@ class StackConfig:
     metrics_export_port: int = 8085
     """Where the Ray node's metrics agent serves Prometheus metrics (Ray's, Serve's, vLLM's, rayline's)."""
     scrape_interval_s: float = 5.0
+    gcs_redis: bool = False
+    """Keep the GCS's state in an external Redis (Debian's `redis-server`, pipelines/gcs_store.py), as KubeRay's
+    GCS fault tolerance does: a head whose GCS died comes back with the cluster's state, and the worker nodes'
+    apps serve on meanwhile."""
+    redis_port: int = 6390
     nodes: int = 0
     """Ray worker nodes beside the head: each its own raylet on this machine (`ray start --address`), so the
     stack is a multi-node cluster as Ray's own tests run one. 0 = the head alone."""
@@ -60,7 +65,7 @@ class StackConfig:
     def __post_init__(self):
         for name in ("ray_port", "dashboard_port", "ray_client_port", "serve_port", "mlflow_port", "s3_port",
                      "memcached_port", "dashboard_agent_port", "min_worker_port", "max_worker_port", "prometheus_port",
-                     "metrics_export_port"):
+                     "metrics_export_port", "redis_port"):
             require(0 < getattr(self, name) < 65536, name, "must be a TCP port (1-65535)")
         require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
         require(self.scrape_interval_s > 0, "scrape_interval_s", "must be > 0")

@@ -104,6 +104,14 @@ def served_model_of(app_config: dict[str, Any]) -> ServedModel | None:
     return ServedModel.from_args(model) if model else None
 
 
+# vLLM configures logging with `logging.config.dictConfig` when imported, which closes every handler of the process,
+# Serve's replica log handler included (its target becomes None). A replica then cannot be recovered by a Serve
+# controller that restarted (after a GCS or head restart): the controller's `is_allocated()` call reads that
+# handler's file and raises, and Serve replaces the replica (measured: both replicas of an app stopped and
+# restarted, ~35 s without capacity). vLLM's own log lines go through a plain handler instead (serve.llm_hooks).
+REPLICA_LOGGING_ENV = {"VLLM_CONFIGURE_LOGGING": "0"}
+
+
 def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
     from ray.serve.llm import LLMConfig
 
@@ -116,7 +124,8 @@ def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
         "fingerprint_value": model.label,
     }
     # LLMConfig.runtime_env replaces the app's env_vars wholesale, so carry the app's own along.
-    env_vars = {**base_env, **engine.runtime_env(cfg.engine).get("env_vars", {}), "RAYLINE_MODEL_VERSION": model.label}
+    env_vars = {**base_env, **engine.runtime_env(cfg.engine).get("env_vars", {}), "RAYLINE_MODEL_VERSION": model.label,
+                **REPLICA_LOGGING_ENV}
     experimental = {}
     if cfg.stream_batching_interval_ms is not None:
         experimental["stream_batching_interval_ms"] = cfg.stream_batching_interval_ms

@@ -165,12 +165,28 @@ def keep_requested_executor_backend() -> None:
     VLLMEngineConfig.get_initialization_kwargs = get_initialization_kwargs
 
 
+def vllm_logs_to_stderr() -> None:
+    """vLLM's INFO lines to the replica's stderr through one plain handler, where VLLM_CONFIGURE_LOGGING=0 (serve/app.py
+    REPLICA_LOGGING_ENV) kept vLLM from configuring logging itself (and closing Serve's handlers)."""
+    import logging
+    import sys
+
+    log = logging.getLogger("vllm")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 class EngineStartCallback(CallbackBase):
     """Runs in the replica before its engine starts: the executor the engine kwargs ask for (`uni` on CPU),
     rayline's EngineCore start method (serve.engine: fork on CPU), and with `local_checkpoint` (a directory
     every node already sees) no per-node download tasks."""
 
     async def on_before_node_init(self) -> None:
+        vllm_logs_to_stderr()
         keep_requested_executor_backend()
         apply_engine_core_start()
         if self.kwargs.get("local_checkpoint"):

@@ -1,7 +1,8 @@
 """Sharded training checkpoints with torch.distributed.checkpoint (DCP).
 
 One checkpoint directory holds
-    .metadata, __<rank>_0.distcp   model + optimizer state, each rank writing only its own shards
+    .metadata, __<rank>_0.distcp   model + optimizer state, each rank writing only its own shards (under LoRA
+                                   the adapter's weights and their optimizer state: the base is frozen)
     trainer_state.json             step, data position, scheduler state, tokens seen (rank 0)
     rng_rank<r>.pt                 each rank's torch / numpy / python RNG states
 Every rank writes into its own local directory; Ray Train merges them into one directory in storage
@@ -19,9 +20,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from train.lora import trained_only
 
 TRAINER_STATE = "trainer_state.json"
+# What a checkpoint holds of the model: the trained parameters (all of them, or under LoRA only the adapter's;
+# the frozen base is read from the base model again on resume).
+TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
 
 
 @dataclass
@@ -74,7 +80,8 @@ def save_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: to
     """Collective: every rank writes its shards (and RNG state) into `directory`; rank 0 adds the trainer state."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED_ONLY)
+    model_sd = trained_only(model, model_sd)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
     torch.save(rng_state(), directory / rng_file_name(rank))
     if rank == 0:
@@ -158,10 +165,12 @@ def load_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: to
     state = read_trainer_state(directory)
     check_world_size(state, dist.get_world_size() if dist.is_initialized() else 1, str(directory))
     # get_state_dict gives the sharded layout (and initialises empty optimizer state) for DCP to fill in place.
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    to_load = {"model": model_sd, "optim": optim_sd}
-    dcp.load(to_load, checkpoint_id=str(directory))
-    set_state_dict(model, optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optim"])
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED_ONLY)
+    to_load = {"model": trained_only(model, model_sd), "optim": optim_sd}
+    dcp.load(to_load, checkpoint_id=str(directory))  # every trained tensor must be there: DCP refuses partial loads
+    # Not strict: the frozen base weights (LoRA) are not in the checkpoint, they come from the base model.
+    set_state_dict(model, optimizer, model_state_dict=to_load["model"], optim_state_dict=to_load["optim"],
+                   options=StateDictOptions(ignore_frozen_params=True, strict=False))
     if state.scheduler:
         scheduler.load_state_dict(state.scheduler)
     rng_file = directory / rng_file_name(rank)

@@ -98,6 +98,28 @@ class LoopConfig:
 
 
 @dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train a LoRA adapter (peft) on the frozen base instead of every weight: only the adapter is trained, in the
+    optimizer, in checkpoints and in the export, which is then PEFT's adapter directory."""
+    rank: int = 8
+    alpha: float = 16.0
+    """The adapter's update is scaled by alpha / rank."""
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Short names of the base model's linear layers to adapt; checked against the model before training."""
+
+    def __post_init__(self):
+        require(self.rank >= 1, "lora.rank", f"must be >= 1, got {self.rank}")
+        require(self.alpha > 0, "lora.alpha", f"must be > 0, got {self.alpha}")
+        require(0 <= self.dropout < 1, "lora.dropout", f"must be within [0, 1), got {self.dropout}")
+        require(bool(self.target_modules), "lora.target_modules", "must name at least one linear layer (e.g. q_proj)")
+        for i, name in enumerate(self.target_modules):
+            require(bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)), f"lora.target_modules[{i}]",
+                    f"{name!r} is not a module name (q_proj, v_proj, ...)")
+
+
+@dataclass
 class ScalingConfig:
     num_workers: int = 2
     use_gpu: bool = False
@@ -172,6 +194,7 @@ class TrainConfig:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     mlflow: TrackingConfig = field(default_factory=TrackingConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self):
         require(bool(RUN_NAME.match(self.run_name)), "run_name",

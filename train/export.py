@@ -2,7 +2,8 @@
 
 Every rank takes part in gathering the full state dict (offloaded to CPU); rank 0 writes
 config.json, model.safetensors, generation_config.json, the tokenizer files and
-`rayline_export.json` (lineage) to a local directory and copies it to the export URI.
+`rayline_export.json` (lineage) to a local directory and copies it to the export URI. A LoRA run exports
+its adapter only, in PEFT's format (train/lora.py).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from pipelines import storage
+from train.lora import EXPORT_INFO, is_lora, write_adapter
 
-EXPORT_INFO = "rayline_export.json"
 
-
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Collective: the unsharded weights on rank 0's CPU (other ranks get an empty dict)."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+def full_state_dict(model: torch.nn.Module, trained_only: bool = False) -> dict[str, torch.Tensor]:
+    """Collective: the unsharded weights (or only the trained ones: a LoRA adapter's) on rank 0's CPU (other
+    ranks get an empty dict)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                ignore_frozen_params=trained_only))
 
 
 def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], base_model_dir: str, out_dir: str | Path,
@@ -52,18 +54,27 @@ def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], base_model_dir: str
 
 def export_model(model: torch.nn.Module, base_model_dir: str, export_uri: str, dtype: torch.dtype, info: dict,
                  rank: int) -> str:
-    """Collective: gather the weights and, on rank 0, write the HF checkpoint to `export_uri` (local or s3://)."""
-    state_dict = full_state_dict(model)
+    """Collective: gather the weights and, on rank 0, write the HF checkpoint (under LoRA: PEFT's adapter
+    directory) to `export_uri` (local or s3://)."""
+    lora = is_lora(model)
+    state_dict = full_state_dict(model, trained_only=lora)
     if rank != 0:
         return export_uri
+
+    def write(out_dir) -> None:
+        if lora:
+            write_adapter(model, state_dict, out_dir, dtype, info)
+        else:
+            write_hf_checkpoint(state_dict, base_model_dir, out_dir, dtype, info)
+
     if not storage.is_remote(export_uri):
         target = Path(storage.resolve(export_uri)[1])
         if target.exists():
             shutil.rmtree(target)  # a re-export after a restart replaces the partial one
-        write_hf_checkpoint(state_dict, base_model_dir, target, dtype, info)
+        write(target)
         return export_uri
     with tempfile.TemporaryDirectory(prefix="rayline-export-") as tmp:
-        write_hf_checkpoint(state_dict, base_model_dir, tmp, dtype, info)
+        write(tmp)
         if storage.exists(export_uri):
             storage.delete_tree(export_uri)
         storage.copy_tree(tmp, export_uri)

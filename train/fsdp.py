@@ -12,6 +12,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from train.config import LoraConfig
+from train.lora import apply_lora
+
 
 def device_mesh(device: torch.device) -> DeviceMesh:
     """All ranks on one data-parallel axis."""
@@ -19,7 +22,10 @@ def device_mesh(device: torch.device) -> DeviceMesh:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of a HF causal LM (Llama, Qwen, Mistral, ... keep them at `model.model.layers`)."""
+    """The transformer blocks of a HF causal LM (Llama, Qwen, Mistral, ... keep them at `model.model.layers`),
+    also under a peft wrapper."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
@@ -41,7 +47,10 @@ def load_model(model_dir: str, attn_implementation: str, activation_checkpointin
 
 
 def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool) -> torch.nn.Module:
-    """Apply FSDP2 to each decoder layer and the root; bf16 compute keeps fp32 master weights and reductions."""
+    """Apply FSDP2 to each decoder layer and the root; bf16 compute keeps fp32 master weights and reductions.
+
+    Under LoRA the root is the peft wrapper (its forward calls the base model's `forward` directly, past any
+    hooks on the base), and each layer's frozen base weights are sharded beside its trainable adapter."""
     if bf16:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
@@ -55,9 +64,13 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool) -> torch.n
 
 
 def build_sharded_model(model_dir: str, device: torch.device, attn_implementation: str = "sdpa",
-                        activation_checkpointing: bool = False, bf16: bool = False) -> torch.nn.Module:
-    """Load, shard and return the model ready for training on `device`."""
+                        activation_checkpointing: bool = False, bf16: bool = False,
+                        lora: LoraConfig | None = None, base_model_ref: str = "") -> torch.nn.Module:
+    """Load, shard and return the model ready for training on `device`; with `lora` enabled, a LoRA adapter on
+    the frozen base (`base_model_ref` goes into its adapter config)."""
     model = load_model(model_dir, attn_implementation, activation_checkpointing)
+    if lora is not None and lora.enabled:
+        model = apply_lora(model, lora, base_model_ref or model_dir)
     model = shard_model(model, device_mesh(device), bf16)
     model.train()
     return model

@@ -1,5 +1,5 @@
 """Model FLOPs utilization: 6 x parameters x tokens/s (forward and backward of a dense decoder, attention
-left out) over the peak FLOP/s of the devices that trained.
+left out; ~4 x under LoRA, train_flops_per_token) over the peak FLOP/s of the devices that trained.
 
 The peak is the datasheet's dense figure for known GPUs at the training dtype. A CPU has no such figure that
 means anything for torch, so there the peak is what one torch thread of this machine reaches on a large
@@ -51,8 +51,15 @@ def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def mfu(params: int, tokens_per_s: float, world: int, peak: float | None) -> float | None:
-    """6 N tokens/s over world x peak; None when the peak is unknown."""
+def train_flops_per_token(model: torch.nn.Module) -> int:
+    """2 N for the forward, 2 N for the backward's activation gradients, 2 N per trained weight for its gradient:
+    6 N when every weight trains, ~4 N under LoRA (the frozen base gets no weight gradients)."""
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return 4 * parameter_count(model) + 2 * trained
+
+
+def mfu(flops_per_token: int, tokens_per_s: float, world: int, peak: float | None) -> float | None:
+    """Model FLOP/s (flops per token x tokens/s) over world x peak; None when the peak is unknown."""
     if not peak:
         return None
-    return 6 * params * tokens_per_s / (world * peak)
+    return flops_per_token * tokens_per_s / (world * peak)

@@ -17,6 +17,7 @@ from pipelines.config import ConfigError
 from train.capacity import runs_that_fit
 from train.checkpoint import WorldSizeMismatch, check_world_size, newest_trainer_state
 from train.config import TrainConfig
+from train.lora import check_target_modules
 from train.loop import LoopPlan
 
 
@@ -36,6 +37,8 @@ class RunPlan:
     run_uri: str
     """`<storage_path>/<run_name>`: Ray Train's run directory, checkpoints inside it."""
     export_uri: str
+    base_model_ref: str = ""
+    """The base model as lineage names it: `models:/NAME/VERSION` (an alias resolved to its version) or the path."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,15 +79,19 @@ def _manifest(cfg: TrainConfig) -> tuple[str, dict]:
         raise ConfigError(f"data.manifest_uri: {e}") from None
 
 
-def _model(cfg: TrainConfig) -> tuple[str, dict]:
+def _model(cfg: TrainConfig) -> tuple[str, dict, str]:
+    """The base model's files, its config.json, and its exact reference (an alias resolved to its version)."""
     ref = cfg.model.path
     try:
         uri = _absolute(registry.resolve_model_uri(ref))
+        if ref.startswith("models:/"):
+            mv = registry.get_version(ref)
+            ref = f"models:/{mv.name}/{mv.version}"
     except (LookupError, ValueError) as e:
         raise ConfigError(f"model.path: {e}") from None
     config_uri = storage.join(uri, "config.json")
     try:
-        return uri, json.loads(storage.read_text(config_uri))
+        return uri, json.loads(storage.read_text(config_uri)), ref
     except FileNotFoundError:
         raise ConfigError(f"model.path: {ref}: no Hugging Face model there ({config_uri} not found)") from None
 
@@ -115,7 +122,9 @@ def plan_run(cfg: TrainConfig, cluster: dict[str, float]) -> RunPlan:
     steps_per_epoch = rows_per_worker // rows_per_step
     total_steps = t.max_steps or t.epochs * steps_per_epoch
 
-    model_uri, model_config = _model(cfg)
+    model_uri, model_config, base_model_ref = _model(cfg)
+    if cfg.lora.enabled:
+        check_target_modules(model_config, cfg.lora.target_modules)
     max_pos = model_config.get("max_position_embeddings")
     if max_pos and seq_len > max_pos:
         raise ConfigError(f"data.manifest_uri: rows of {seq_len} tokens exceed {cfg.model.path}'s "
@@ -157,5 +166,5 @@ def plan_run(cfg: TrainConfig, cluster: dict[str, float]) -> RunPlan:
         manifest_uri=manifest_uri, dataset_version=str(manifest.get("version", "unknown")), seq_len=seq_len,
         train_rows=train_rows, eval_rows=eval_rows, model_uri=model_uri, resources_per_worker=resources,
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, loop=loop, run_uri=run_uri,
-        export_uri=storage.join(run_uri, "export"),
+        export_uri=storage.join(run_uri, "export"), base_model_ref=base_model_ref,
     )

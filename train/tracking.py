@@ -25,11 +25,13 @@ MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 
 def run_tags(cfg: TrainConfig, plan: RunPlan, stage: str = "train") -> dict[str, str]:
     """Lineage tags shared by the run and the model version."""
+    lora = {registry.TAG_ADAPTER: "lora", registry.TAG_LORA_RANK: str(cfg.lora.rank)} if cfg.lora.enabled else {}
     return registry.lineage_tags(stage, **{
         registry.TAG_DATASET_VERSION: plan.dataset_version,
         registry.TAG_DATASET_MANIFEST: plan.manifest_uri,
-        registry.TAG_BASE_MODEL: cfg.model.path,
+        registry.TAG_BASE_MODEL: plan.base_model_ref or cfg.model.path,
         registry.TAG_CONFIG_HASH: config_hash(cfg),
+        **lora,
     })
 
 

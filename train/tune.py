@@ -150,7 +150,7 @@ def main(cfg: TuneConfig) -> TuneResult:
     tags = registry.lineage_tags("tune", **{TAG_TUNE_SEARCH: cfg.search_name,
                                             registry.TAG_DATASET_VERSION: plan.dataset_version,
                                             registry.TAG_DATASET_MANIFEST: plan.manifest_uri,
-                                            registry.TAG_BASE_MODEL: base.model.path})
+                                            registry.TAG_BASE_MODEL: plan.base_model_ref})
     with registry.start_run(cfg.experiment, cfg.search_name, tags=tags) as parent:
         parent_id = parent.info.run_id
         client = registry.client()

@@ -31,7 +31,7 @@ from train.export import export_model
 from train.fault_injection import maybe_kill_worker
 from train.fsdp import build_sharded_model
 from train.loop import Batch, train_loop
-from train.mfu import mfu, parameter_count, peak_flops
+from train.mfu import mfu, peak_flops, train_flops_per_token
 from train.optimizer import adam_state_summary, build_optimizer
 from train.preflight import RunPlan
 from train.tracking import MetricLogger
@@ -65,11 +65,11 @@ class RayHooks:
 
     def __init__(self, model, optimizer, logger: MetricLogger, rank: int, total_steps: int,
                  export: Callable[[TrainerState], str], tags: dict[str, str] | None = None,
-                 params: int = 0, peak_flops: float | None = None, world: int = 1):
+                 flops_per_token: int = 0, peak_flops: float | None = None, world: int = 1):
         self.model, self.optimizer, self.logger, self.rank = model, optimizer, logger, rank
         self.total_steps, self.export = total_steps, export
         self.tags = tags or {"run": "", "model": ""}
-        self.params, self.peak, self.world = params, peak_flops, world
+        self.flops_per_token, self.peak, self.world = flops_per_token, peak_flops, world
         self.root = Path(tempfile.mkdtemp(prefix=f"rayline-ckpt-r{rank}-"))
         self.started = time.perf_counter()
         self.first_step: int | None = None
@@ -77,7 +77,7 @@ class RayHooks:
     def on_step(self, state: TrainerState, metrics: dict[str, float]) -> None:
         if self.rank != 0:
             return
-        utilization = mfu(self.params, metrics["tokens_per_s"], self.world, self.peak)
+        utilization = mfu(self.flops_per_token, metrics["tokens_per_s"], self.world, self.peak)
         self.logger.log(state.step, {**metrics, **({"mfu": utilization} if utilization is not None else {})})
         for name, key in (("rayline_train_loss", "loss"), ("rayline_train_tokens_per_second", "tokens_per_s"),
                           ("rayline_train_step_seconds", "step_time_s")):
@@ -187,7 +187,7 @@ def train_fn_per_worker(config: dict) -> None:
 
     model_dir = _model_dir(plan, ctx.get_local_rank())
     model = build_sharded_model(model_dir, device, cfg.model.attn_implementation,
-                                cfg.model.activation_checkpointing, cfg.bf16)
+                                cfg.model.activation_checkpointing, cfg.bf16, cfg.lora, plan.base_model_ref)
     optimizer, scheduler = build_optimizer(model, cfg.optim, plan.total_steps)
     logger = MetricLogger(config.get("mlflow_run_id") if rank == 0 else None)
 
@@ -207,12 +207,12 @@ def train_fn_per_worker(config: dict) -> None:
 
     def export(final: TrainerState) -> str:
         info = {"run_name": cfg.run_name, "step": final.step, "dataset_version": plan.dataset_version,
-                "dataset_manifest": plan.manifest_uri, "base_model": cfg.model.path,
+                "dataset_manifest": plan.manifest_uri, "base_model": plan.base_model_ref,
                 "mlflow_run_id": config.get("mlflow_run_id"), "eval_loss": final.eval_loss}
         return export_model(model, model_dir, plan.export_uri, export_dtype, info, rank)
 
     tags = {"run": config.get("mlflow_run_id") or cfg.run_name, "model": cfg.mlflow.register_as or cfg.run_name}
-    hooks = RayHooks(model, optimizer, logger, rank, plan.total_steps, export, tags, parameter_count(model),
+    hooks = RayHooks(model, optimizer, logger, rank, plan.total_steps, export, tags, train_flops_per_token(model),
                      peak_flops(device, torch.bfloat16 if cfg.bf16 else torch.float32) if rank == 0 else None, world)
     if checkpoint is not None and rank == 0:
         metrics_api.inc("rayline_train_restarts", 1, **tags)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pipelines.config import ConfigError, require
+from pipelines.ray_node import check_node_labels
 from serve.batch.rows import sampling_problem
 from serve.engine import EngineConfig
 
@@ -81,6 +82,10 @@ class Config:
     """Seconds between progress lines in the job log (rows written / planned, rows/s, ETA); 0 = none."""
     num_engines: int = 1
     """Engine actors: a fixed pool, all started at once (each holds engine.cpus_per_engine CPUs)."""
+    node_labels: dict[str, str] = field(default_factory=dict)
+    """Ray node labels the engine actors must land on, in Ray's label-selector syntax (`value`, `!value`,
+    `in(a,b)`), e.g. a KubeRay GPU worker group's labels; {} = any node. Ray Data's `label_selector` for the
+    engine stage's actors (the read, result and write tasks go anywhere)."""
     batch_size: int = 16
     """Rows per engine call."""
     max_concurrent_batches: int | None = None
@@ -108,6 +113,7 @@ class Config:
         require(self.limit is None or self.limit >= 1, "limit", f"must be at least 1 or null, got {self.limit}")
         require(self.progress_every_s >= 0, "progress_every_s", f"must be >= 0, got {self.progress_every_s}")
         require(self.num_engines >= 1, "num_engines", f"must be at least 1, got {self.num_engines}")
+        check_node_labels(self.node_labels, "node_labels")
         require(self.batch_size >= 1, "batch_size", f"must be at least 1, got {self.batch_size}")
         if self.max_concurrent_batches is None:
             rows = ROWS_IN_FLIGHT_PER_SEQ * self.engine.max_num_seqs

@@ -57,13 +57,17 @@ def final_outputs_only(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return requests
 
 
-def use_rayline_engine_stage(processor, validator: dict[str, Any]) -> None:
-    """Run `processor`'s vLLM engine stage with EngineStageUDF (validating with `validator`'s settings); the
-    stage keeps every other setting.
+def use_rayline_engine_stage(processor, validator: dict[str, Any], node_labels: dict[str, str] | None = None) -> None:
+    """Run `processor`'s vLLM engine stage with EngineStageUDF (validating with `validator`'s settings), its actors
+    only on nodes matching `node_labels` (Ray Data's `label_selector`) when given; the stage keeps every other
+    setting.
 
     A copy, not an assignment: the stage validates assignments by re-running its set-up on the already
     processed arguments, which loses the placement group and asks for a GPU."""
     name = "vLLMEngineStage"
     stage = processor.get_stage_by_name(name)
     kwargs = {**stage.fn_constructor_kwargs, "validator": validator}
-    processor.stages[name] = stage.model_copy(update={"fn": EngineStageUDF, "fn_constructor_kwargs": kwargs})
+    update = {"fn": EngineStageUDF, "fn_constructor_kwargs": kwargs}
+    if node_labels:
+        update["map_batches_kwargs"] = {**stage.map_batches_kwargs, "label_selector": dict(node_labels)}
+    processor.stages[name] = stage.model_copy(update=update)

@@ -112,7 +112,7 @@ def _engine_processor(cfg: Config, model_path: str, jsonl: bool):
             os.environ["RAY_ADDRESS"] = address
     use_rayline_engine_stage(processor, validator=dict(
         max_model_len=cfg.engine.max_model_len, sampling_defaults=cfg.sampling.as_params(), jsonl=jsonl,
-    ))
+    ), node_labels=cfg.node_labels)
     return processor
 
 

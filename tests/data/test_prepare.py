@@ -173,3 +173,16 @@ def test_too_many_rejects_fail_the_run_through_the_entry_point(ray_session, loca
     assert not (version / "manifest.json").exists()  # not a usable version
     assert sum(len(p.read_text().splitlines()) for p in (version / "rejects").iterdir()) == 10
     assert "invalid_json 1" in err and str(version / "rejects") in err
+
+
+@pytest.mark.parametrize("cpus, shards, node_free, want", [
+    (16, 2, 16, 8),  # a few shards on a big node share its CPUs
+    (2, 4, 2, 1),  # more shards than CPUs: one each
+    (4, 2, 1.8, 1),  # 4 CPUs over a 2-CPU head (0.2 held by an app) and two 1-CPU nodes: no task can get 2
+    (64, 1, 8, 8),  # one shard on a cluster of 8-CPU nodes: what one node has
+    (2, 1, 0.0, 1),  # everything busy now: one, and it waits its turn
+])
+def test_shard_task_cpus_fit_on_one_node(cpus, shards, node_free, want):
+    from data.prepare import _task_threads
+
+    assert _task_threads(cpus, shards, node_free) == want

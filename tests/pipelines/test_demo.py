@@ -25,10 +25,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 @pytest.fixture(scope="module")
 def demo(local_stack, tmp_path_factory, log_growing_in_checkout):
     stack = to_dict(local_stack)
-    # The demo's sizes, but a 2-trial search: each trial is ~70 s on 2 CPUs, and the tune stage's own tests
-    # cover ASHA stopping trials (tests/train/test_tune_stage.py).
+    # The demo's sizes, but a 1-trial search: each trial is ~70-100 s on 2 CPUs, and the tune stage's own tests
+    # cover several trials and ASHA stopping them (tests/train/test_tune_stage.py). Here the chain is the point:
+    # the search's best trial feeds the training run.
     cfg = DemoConfig(state_dir=stack.pop("state_dir"), work_dir=str(tmp_path_factory.mktemp("demo")),
-                     model_name=f"rayline-e2e-{uuid.uuid4().hex[:6]}", tune_samples=2, stack_overrides=stack)
+                     model_name=f"rayline-e2e-{uuid.uuid4().hex[:6]}", tune_samples=1, stack_overrides=stack)
     try:
         yield cfg, main(cfg)
     finally:

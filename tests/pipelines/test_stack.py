@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from pipelines import prometheus, stack
+from pipelines import processes, prometheus, stack
 from pipelines.config import from_dict
+from pipelines.ray_node import alive_nodes, worker_node_ports
 
 ROOT = stack.PROJECT_ROOT
 
@@ -34,6 +35,9 @@ def test_up_twice_env_job_down(mini_cfg, tmp_path):
     try:
         assert first.returncode == 0, first.stderr + first.stdout
         assert "ray-head" in first.stdout and "mlflow" in first.stdout and "prometheus" in first.stdout
+        # `up` returned once the head's raylet registered, not only once its dashboard answered.
+        token = stack.ray_token_path(mini_cfg).read_text().strip()
+        assert [n["is_head_node"] for n in alive_nodes(mini_cfg.dashboard_port, token)] == [True]
         again = _cli(mini_cfg, "up")
         assert again.returncode == 0 and "already running" in again.stdout
         status = _cli(mini_cfg, "status")
@@ -56,13 +60,17 @@ def test_up_twice_env_job_down(mini_cfg, tmp_path):
         ml = subprocess.run([sys.executable, "-c", mlflow_code], capture_output=True, text=True, env=job_env, timeout=120)
         assert ml.stdout.strip().endswith("stack-test"), ml.stderr[-2000:]
 
-        # Prometheus scrapes the Ray node (found through Ray's discovery file), MLflow and itself.
-        deadline = time.time() + 60
-        while {t["job"] for t in prometheus.targets(env["RAYLINE_PROMETHEUS_URL"]) if t["health"] == "up"} != {
-                "ray", "mlflow", "prometheus"} and time.time() < deadline:
+        # Prometheus scrapes the Ray node (found through Ray's discovery file, which also lists the dashboard's
+        # and autoscaler's own metrics ports, up before the node's agent), MLflow and itself.
+        wanted = {("ray", "http://127.0.0.1:8195/metrics"), ("mlflow", "http://127.0.0.1:5020/metrics"),
+                  ("prometheus", "http://127.0.0.1:9290/metrics")}
+        deadline = time.time() + 90
+        while True:
+            up = {(t["job"], t["url"]) for t in prometheus.targets(env["RAYLINE_PROMETHEUS_URL"]) if t["health"] == "up"}
+            if wanted <= up or time.time() > deadline:
+                break
             time.sleep(1)
-        up = {(t["job"], t["url"]) for t in prometheus.targets(env["RAYLINE_PROMETHEUS_URL"]) if t["health"] == "up"}
-        assert ("ray", "http://127.0.0.1:8195/metrics") in up and ("mlflow", "http://127.0.0.1:5020/metrics") in up, up
+        assert wanted <= up, up
         assert prometheus.query(env["RAYLINE_PROMETHEUS_URL"], 'ray_node_cpu_count{instance="127.0.0.1:8195"}')
 
         # Everything listens on loopback only.
@@ -161,7 +169,7 @@ def test_worker_nodes_join_the_head_on_loopback(mini_cfg):
         assert got["ran_on"] == {"worker-1": "worker-1", "worker-2": "worker-2", "head": "head"}
 
         # Each node's metrics agent is found through Ray's discovery file and scraped.
-        node_metrics = {f"http://127.0.0.1:{stack.worker_node_ports(mini_cfg, i)['metrics_export']}/metrics" for i in (1, 2)}
+        node_metrics = {f"http://127.0.0.1:{worker_node_ports(mini_cfg, i)['metrics_export']}/metrics" for i in (1, 2)}
         deadline = time.time() + 60
         while not node_metrics <= (up := {t["url"] for t in prometheus.targets("http://127.0.0.1:9290")
                                           if t["job"] == "ray" and t["health"] == "up"}) and time.time() < deadline:
@@ -170,14 +178,23 @@ def test_worker_nodes_join_the_head_on_loopback(mini_cfg):
 
         # No process of the stack listens beyond loopback, the worker nodes' included.
         pids = stack._read_state(mini_cfg.state)["pids"].values()
-        members = {p for sid in pids for p in stack.session_members(sid)}
+        members = {p for sid in pids for p in processes.session_members(sid)}
         listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
         ours = [ln.split()[3] for ln in listening if any(f"pid={p}," in ln for p in members)]
         assert ours and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in ours), ours
+
+        # Stopping only the nodes returns once the head no longer counts them: the next job sizes itself from
+        # what the cluster reports (a data job planned for 4 CPUs on the 2-CPU head waited forever).
+        worker_pids = [p for n, p in stack._read_state(mini_cfg.state)["pids"].items() if n.startswith("ray-worker")]
+        assert sorted(stack.down(stack.load_stack_config(mini_cfg.state_dir, []), parts=["nodes"])) == [
+            "ray-worker-1", "ray-worker-2"]
+        assert not any(stack.pid_alive(p) for p in worker_pids)
+        assert set(stack.node_ids(mini_cfg)) == {"head"}
+        assert stack.status(stack.load_stack_config(mini_cfg.state_dir, []))["ray"]["healthy"]
     finally:
         pids = stack._read_state(mini_cfg.state)["pids"]
         down = _cli(mini_cfg, "down")
-    assert down.returncode == 0 and "ray-worker-1" in down.stdout and "ray-worker-2" in down.stdout
+    assert down.returncode == 0 and "ray-head" in down.stdout
     assert not any(stack.pid_alive(p) for p in pids.values())
 
 

@@ -58,12 +58,17 @@ def register_fresh(name: str, checkpoints: list[tuple[str, dict]]) -> list[str]:
 
 class ReplicaTimeline:
     """Polls the app's engine replicas and records each replica's state changes as (seconds since start, id, state);
-    `nodes` maps each current replica to its Ray node id."""
+    `nodes` maps each current replica to its Ray node id. With `watch_nodes` (-> the node ids of interest now, or
+    None when unknown) it also records those nodes coming and going in `node_events`: (seconds, node id, "JOINED" or
+    "LEFT")."""
 
-    def __init__(self, target, every_s: float = 0.5):
-        self.target, self.every_s = target, every_s
+    def __init__(self, target, every_s: float = 0.5, watch_nodes=None):
+        self.target, self.every_s, self.watch_nodes = target, every_s, watch_nodes
         self.events: list[tuple[float, str, str]] = []
+        self.node_events: list[tuple[float, str, str]] = []
+        self._watched: set[str] = set()
         self.running = self.replicas = 0
+        self.polled_at = 0.0  # time.monotonic() of the last poll the controller answered
         self.nodes: dict[str, str] = {}
         self._states: dict[str, str] = {}
         self._stop = threading.Event()
@@ -72,6 +77,8 @@ class ReplicaTimeline:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
+            if self.watch_nodes:
+                self._poll_nodes()
             try:
                 replicas = [r for r in self.target.replicas() if r["deployment"].startswith("LLMServer")]
             except Exception:  # a slow dashboard answer: the next poll catches up
@@ -85,6 +92,20 @@ class ReplicaTimeline:
             self.nodes = {r["replica_id"]: r["node_id"] for r in replicas}
             self.replicas = len(now)
             self.running = sum(1 for s in now.values() if s == "RUNNING")
+            self.polled_at = time.monotonic()
+
+    def _poll_nodes(self) -> None:
+        now = self.watch_nodes()
+        if now is None:  # not known this time (e.g. the dashboard did not answer)
+            return
+        at = self.now()
+        self.node_events += [(at, n, "JOINED") for n in sorted(now - self._watched)]
+        self.node_events += [(at, n, "LEFT") for n in sorted(self._watched - now)]
+        self._watched = now
+
+    def now(self) -> float:
+        """Seconds since the timeline started, as its events count them."""
+        return round(time.monotonic() - self.started, 1)
 
     def running_ids(self) -> set[str]:
         return {rid for rid, state in self._states.items() if state == "RUNNING"}
@@ -112,33 +133,41 @@ class Request:
     end: float
     ok: bool
     error: str = ""
+    fingerprint: str = ""  # "<registered name>/<version>" of the engine that answered
 
 
 class ChatLoad:
     """`streams` threads sending chat completions back to back over loopback (the `openai` client, no retries)
-    until stopped; every request is recorded with its start and end (time.monotonic()) and outcome."""
+    until stopped; every request is recorded with its start and end (time.monotonic()) and outcome. With several
+    base URLs (e.g. the proxies of several nodes) the streams take them in turn. With `pause_s`, each stream waits
+    that long after each answer (a paced load that leaves the machine CPU for what else must run, e.g. a head
+    restarting, as it would on nodes of its own)."""
 
-    def __init__(self, base_url: str, streams: int, max_tokens: int = 48):
+    def __init__(self, base_url: str | list[str], streams: int, max_tokens: int = 48, pause_s: float = 0.0):
         from openai import OpenAI
 
-        self.client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-        self.max_tokens = max_tokens
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.clients = [OpenAI(base_url=u, api_key="unused", max_retries=0, timeout=120) for u in urls]
+        self.max_tokens, self.pause_s = max_tokens, pause_s
         self.requests: list[Request] = []
         self._lock, self._stop = threading.Lock(), threading.Event()
-        self._threads = [threading.Thread(target=self._stream, daemon=True) for _ in range(streams)]
+        self._threads = [threading.Thread(target=self._stream, args=(self.clients[i % len(urls)],), daemon=True)
+                         for i in range(streams)]
 
-    def _stream(self) -> None:
+    def _stream(self, client) -> None:
         while not self._stop.is_set():
             start, error = time.monotonic(), ""
             try:
-                r = self.client.chat.completions.create(
+                r = client.chat.completions.create(
                     model="rayline", messages=[{"role": "user", "content": "Count: 1 2 3"}],
                     max_tokens=self.max_tokens, extra_body={"ignore_eos": True})
-                ok = bool(r.choices[0].message.content)
+                ok, fingerprint = bool(r.choices[0].message.content), r.system_fingerprint or ""
             except Exception as e:
-                ok, error = False, f"{type(e).__name__}: {e}"[:300]
+                ok, error, fingerprint = False, f"{type(e).__name__}: {e}"[:300], ""
             with self._lock:
-                self.requests.append(Request(start, time.monotonic(), ok, error))
+                self.requests.append(Request(start, time.monotonic(), ok, error, fingerprint))
+            if self.pause_s:
+                self._stop.wait(self.pause_s)
 
     def __enter__(self) -> "ChatLoad":
         for t in self._threads:
@@ -208,23 +237,13 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
     (`stack.kill_node`) and bring a fresh one back (`stack.up(parts=["nodes"])`, as KubeRay replaces a pod); wait
     until two replicas serve again with the lost one gone, keep the load `warm_s` more, and remove the app."""
     from pipelines import stack
-    from pipelines.ray_node import NODE_LABEL
     from serve.deploy_target import LocalServe
 
     (version,) = register_fresh(NODE_LOSS_MODEL, [(str(model_dir), {})])
     registry.set_alias(NODE_LOSS_MODEL, "champion", version)
-    serve_cfg = serve_config_dict(NODE_LOSS_APP, NODE_LOSS_PREFIX, NODE_LOSS_MODEL)
-    serve_cfg["engine"]["cpus_per_engine"] = 1.0  # one replica fills a 1-CPU worker node
-    serve_cfg.update(autoscaling={"min_replicas": 2, "max_replicas": 2}, node_labels={NODE_LABEL: "in(worker-1,worker-2)"})
     target = LocalServe(NODE_LOSS_APP)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg_file = Path(tmp) / "serve.yaml"
-            cfg_file.write_text(yaml.safe_dump(serve_cfg))
-            out = subprocess.run([sys.executable, "-m", "pipelines.serve", "--config", str(cfg_file)],
-                                 capture_output=True, text=True, timeout=900, cwd=registry.PROJECT_ROOT)
-        if out.returncode != 0:
-            raise RuntimeError(f"deploy failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        deploy(on_worker_nodes(serve_config_dict(NODE_LOSS_APP, NODE_LOSS_PREFIX, NODE_LOSS_MODEL)))
         before = node_ids_by_label(cfg)
         load = ChatLoad(f"http://127.0.0.1:{cfg.serve_port}{NODE_LOSS_PREFIX}/v1", streams)
         with ReplicaTimeline(target) as timeline:
@@ -249,10 +268,32 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
         target.delete()
 
 
+def on_worker_nodes(serve_cfg: dict, nodes: int = 2) -> dict:
+    """A test app's serving YAML with its two engine replicas pinned to worker nodes 1..`nodes` (1-CPU nodes: one
+    replica each; a third node leaves room for a rolling update, whose new replicas start before old ones stop)."""
+    from pipelines.ray_node import NODE_LABEL
+
+    serve_cfg["engine"]["cpus_per_engine"] = 1.0  # one replica fills a 1-CPU worker node
+    workers = ",".join(f"worker-{i}" for i in range(1, nodes + 1))
+    serve_cfg.update(autoscaling={"min_replicas": 2, "max_replicas": 2}, node_labels={NODE_LABEL: f"in({workers})"})
+    return serve_cfg
+
+
+def deploy(serve_cfg: dict, env: dict[str, str] | None = None) -> None:
+    """`python -m pipelines.serve --config <serve_cfg as YAML>`, as a user deploys; raises with its output if it fails."""
+    import os
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_file = Path(tmp) / "serve.yaml"
+        cfg_file.write_text(yaml.safe_dump(serve_cfg))
+        out = subprocess.run([sys.executable, "-m", "pipelines.serve", "--config", str(cfg_file)], capture_output=True,
+                             text=True, timeout=900, cwd=registry.PROJECT_ROOT, env={**os.environ, **(env or {})})
+    if out.returncode != 0:
+        raise RuntimeError(f"deploy failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+
+
 def node_ids_by_label(cfg) -> dict[str, str]:
     """`rayline.io/node` label -> node id of the stack's alive nodes."""
     from pipelines import stack
-    from pipelines.ray_node import NODE_LABEL, alive_nodes
 
-    token = stack.ray_token_path(cfg).read_text().strip()
-    return {n["labels"].get(NODE_LABEL): n["node_id"] for n in alive_nodes(cfg.dashboard_port, token)}
+    return {label: node for label, ids in stack.node_ids(cfg).items() for node in ids}

@@ -104,6 +104,7 @@ def test_demo_eval_fits_beside_the_serve_app():
     (["sampling.temperature=-1"], "sampling.temperature"),
     (["metrics=[bleu]"], "metrics"),
     (["max_concurrent_batches=0"], "max_concurrent_batches"),
+    (["node_labels={rayline.io/node: '!in(a,'}"], "node_labels.rayline.io/node"),
 ])
 def test_config_errors_name_the_field(override, field):
     with pytest.raises(ConfigError, match=r"configs/batch/eval_tiny\.yaml: (engine\.)?" + re.escape(field)):

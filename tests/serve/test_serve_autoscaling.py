@@ -1,61 +1,114 @@
-"""Serve autoscaling of the engine deployment (serve/serve_config.py AutoscalingConfig): a bounded loopback load
-queues requests, Serve adds a second engine replica, and once the load stops the extra replica goes after the
-downscale delay. Real parts: the app deployed with `python -m pipelines.serve`, vLLM engines on CPU, the
-`openai` client over HTTP, replica states read from the dashboard's Serve REST API.
+"""Autoscaling, layers 1 and 2 together (issue 21): a bounded loopback load queues requests, Serve wants a second
+engine replica (serve/serve_config.py AutoscalingConfig, on `target_ongoing_requests`), the head has no room for it,
+so Ray's autoscaler (pipelines/ray_autoscaler.py) launches a worker node, where the replica starts. Once the load
+stops, the second replica goes after Serve's downscale delay, and the node, idle, goes after the autoscaler's idle
+timeout. The test records when each replica and node appeared and left, and prints it.
+
+Real parts: a stack of its own (a 1-CPU Ray head running autoscaler v2 with the fake multi-node provider, MLflow),
+the app deployed with `python -m pipelines.serve`, vLLM engines on CPU, the `openai` client over HTTP, replica
+states from the dashboard's Serve REST API, nodes from its node table.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
-import sys
-import time
 
+import psutil
 import pytest
-import yaml
 
-from pipelines import registry
+from pipelines import registry, stack
+from pipelines.config import from_dict
+from pipelines.ray_autoscaler import AUTOSCALED_LABEL
 from serve.deploy_target import LocalServe
-from tests.serve.serving import ChatLoad, ReplicaTimeline, register_fresh, serve_config_dict
+from tests.serve.serving import ChatLoad, ReplicaTimeline, deploy, register_fresh, serve_config_dict
 
 APP, PREFIX, MODEL = "rayline-test-autoscale", "/autoscale-test", "rayline-autoscale-test"
 AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
                "upscale_delay_s": 2.0, "downscale_delay_s": 8.0, "look_back_period_s": 4.0}
+IDLE_TIMEOUT_S = 10.0
 STREAMS = 8
-LOAD_LIMIT_S = 240.0
+# A 1-CPU head holds the ingress (0.05 CPU) and one engine replica (0.9): a second replica needs a node.
+AUTOSCALING_STACK = {
+    "ray_port": 6409, "dashboard_port": 8295, "ray_client_port": 23031, "dashboard_agent_port": 52395,
+    "min_worker_port": 26000, "max_worker_port": 26999, "metrics_export_port": 8196, "mlflow_port": 5031,
+    "serve_port": 8031, "prometheus": False, "num_cpus": 1,
+    "autoscale_nodes": 1, "node_cpus": 1, "autoscale_idle_timeout_s": IDLE_TIMEOUT_S,
+}
+
+
+@pytest.fixture
+def autoscaling_stack(tmp_path):
+    cfg = from_dict(stack.StackConfig, {**AUTOSCALING_STACK, "state_dir": str(tmp_path / "state")},
+                    "tests/serve/test_serve_autoscaling.py")
+    saved = dict(os.environ)
+    try:
+        stack.up(cfg, parts=["ray", "mlflow"])
+        os.environ.update(stack.env_vars(cfg))
+        yield cfg
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        pids = stack._read_state(cfg.state).get("pids", {})
+        stack.down(cfg)
+        assert not any(stack.pid_alive(p) for p in pids.values())
+
+
+def autoscaled_nodes(cfg) -> set[str] | None:
+    """The ids of the autoscaler's alive nodes; None when the dashboard did not answer (no head listed)."""
+    labels = stack.node_ids(cfg)
+    return labels.get(AUTOSCALED_LABEL, set()) if "head" in labels else None
+
+
+def listening_addresses(gcs_port: int) -> list[str]:
+    """Where this cluster's processes (each names its GCS's port) listen."""
+    ours = {p.pid for p in psutil.process_iter(["cmdline"]) if any(f":{gcs_port}" in a for a in p.info["cmdline"] or [])}
+    return [ln.split()[3] for ln in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+            if any(f"pid={p}," in ln for p in ours)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_replicas_follow_the_queue_from_one_to_two_and_back(local_stack, tiny_model_dir, tmp_path):
+def test_a_queue_adds_a_replica_and_a_node_and_both_go_once_idle(autoscaling_stack, tiny_model_dir):
+    cfg = autoscaling_stack
     (version,) = register_fresh(MODEL, [(str(tiny_model_dir), {})])
     registry.set_alias(MODEL, "champion", version)
-    cfg_file = tmp_path / "serve.yaml"
-    cfg_file.write_text(yaml.safe_dump({**serve_config_dict(APP, PREFIX, MODEL), "autoscaling": AUTOSCALING}))
+    serve_cfg = serve_config_dict(APP, PREFIX, MODEL)
+    serve_cfg["engine"]["cpus_per_engine"] = 0.9
+    serve_cfg["autoscaling"] = AUTOSCALING
     target = LocalServe(APP)
-    try:
-        out = subprocess.run([sys.executable, "-m", "pipelines.serve", "--config", str(cfg_file)],
-                             capture_output=True, text=True, timeout=900, cwd=registry.PROJECT_ROOT)
-        assert out.returncode == 0, out.stdout + out.stderr
-        load = ChatLoad(f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}/v1", STREAMS)
-        with ReplicaTimeline(target) as timeline:
-            assert timeline.wait_for(lambda t: t.running == 1, 60), timeline.events
-            load_started = time.monotonic() - timeline.started
-            with load:
-                scaled_up = timeline.wait_for(lambda t: t.running == 2, LOAD_LIMIT_S)
-            load_ended = time.monotonic() - timeline.started
-            scaled_down = timeline.wait_for(
-                lambda t: t.running == 1 and t.replicas == 1,
-                AUTOSCALING["downscale_delay_s"] + 120)
-        counts = load.counts()
-        print(f"load {load_started:.1f}-{load_ended:.1f} s, {counts}; replica events (s, replica, state): "
-              f"{timeline.events}")
-        assert scaled_up, f"no second replica under {STREAMS} streams: {timeline.events}"
-        assert scaled_down, f"the second replica did not go once the load stopped: {timeline.events}"
-        assert counts["failed"] == 0 and counts["ok"] > 0, counts
-        # The second replica started while the load ran, and stopped only after it ended, not before the delay.
-        second = [e for e in timeline.events if e[2] == "STARTING" and e[0] >= load_started]
-        gone = [e for e in timeline.events if e[2] in ("STOPPING", "GONE") and e[0] >= load_ended]
-        assert second and gone, timeline.events
-        assert gone[0][0] - load_ended >= AUTOSCALING["downscale_delay_s"] - 1, timeline.events
-    finally:
-        target.delete()
+    deploy(serve_cfg)
+    load = ChatLoad(f"http://127.0.0.1:{cfg.serve_port}{PREFIX}/v1", STREAMS)
+    with ReplicaTimeline(target, watch_nodes=lambda: autoscaled_nodes(cfg)) as timeline:
+        assert timeline.wait_for(lambda t: t.running == 1, 120), timeline.events
+        assert not timeline.node_events, timeline.node_events  # one replica fits the head
+        first = set(timeline.running_ids())
+        load_started = timeline.now()
+        with load:
+            scaled_up = timeline.wait_for(lambda t: t.running == 2, 300)
+            placed = dict(timeline.nodes)
+            listening = listening_addresses(cfg.ray_port)
+        load_ended = timeline.now()
+        scaled_down = timeline.wait_for(lambda t: t.running == 1 and t.replicas == 1, AUTOSCALING["downscale_delay_s"] + 120)
+        node_gone = timeline.wait_for(lambda t: t.node_events and t.node_events[-1][2] == "LEFT", IDLE_TIMEOUT_S + 120)
+    counts, replicas, nodes = load.counts(), timeline.events, timeline.node_events
+    print(f"load {load_started:.1f}-{load_ended:.1f} s, {counts}; replicas (s, replica, state): {replicas}; "
+          f"autoscaled nodes (s, node, event): {nodes}")
+    assert scaled_up, f"no second replica under {STREAMS} streams: {replicas} {nodes}"
+    # Layer 2: the second replica runs on the node the autoscaler launched for it, while the load ran.
+    (second,) = set(placed) - first
+    joined = [e for e in nodes if e[2] == "JOINED"]
+    assert len(joined) == 1 and placed[second] == joined[0][1], (placed, nodes)
+    assert load_started < joined[0][0] < load_ended, nodes
+    assert counts["failed"] == 0 and counts["ok"] > 0, counts
+    # The autoscaled node's servers, like the head's, listen on loopback only (its Serve proxy on a port of its own).
+    assert listening and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in listening), listening
+    # Layer 1 down: the second replica (not the head's) stopped once the load ended, not before the delay.
+    assert scaled_down, f"the second replica did not go once the load stopped: {replicas}"
+    assert set(timeline.running_ids()) == first, (first, replicas)
+    stopped = [e for e in replicas if e[1] == second[-8:] and e[2] in ("STOPPING", "GONE")]
+    assert stopped and stopped[0][0] - load_ended >= AUTOSCALING["downscale_delay_s"] - 1, replicas
+    # Layer 2 down: the node, idle once its replica stopped, left after the idle timeout (not before it).
+    assert node_gone, f"the autoscaled node stayed: {nodes}"
+    idle_for = nodes[-1][0] - stopped[-1][0]
+    assert IDLE_TIMEOUT_S - 1 <= idle_for <= IDLE_TIMEOUT_S + 120, (idle_for, replicas, nodes)

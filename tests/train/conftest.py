@@ -57,17 +57,46 @@ class StageRun:
         return f"exit {self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
 
 
+class StartedStage:
+    """A `python -m pipelines.<stage>` process running in the background, its output going to files."""
+
+    def __init__(self, proc: subprocess.Popen, out: Path, err: Path):
+        self.proc, self._out, self._err = proc, out, err
+
+    def finish(self, timeout: float) -> StageRun:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        return StageRun(subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self._out.read_text(),
+                                                    self._err.read_text()))
+
+
 @pytest.fixture(scope="session")
-def run_stage(local_stack, tmp_path_factory):
-    """Run `python -m pipelines.<stage> --config <cfg written as YAML>` with extra env; returns a StageRun."""
+def start_stage(local_stack, tmp_path_factory):
+    """Start `python -m pipelines.<stage> --config <cfg written as YAML>` with extra env; returns a StartedStage."""
     configs = tmp_path_factory.mktemp("configs")
 
-    def run(stage: str, cfg, env: dict[str, str] | None = None, timeout: int = 1500) -> StageRun:
-        path = configs / f"{stage}-{uuid.uuid4().hex[:8]}.yaml"
+    def start(stage: str, cfg, env: dict[str, str] | None = None) -> StartedStage:
+        name = f"{stage}-{uuid.uuid4().hex[:8]}"
+        path, out, err = configs / f"{name}.yaml", configs / f"{name}.out", configs / f"{name}.err"
         path.write_text(dump_yaml(cfg))
-        proc = subprocess.run([sys.executable, "-m", f"pipelines.{stage}", "--config", str(path)], cwd=ROOT,
-                              env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
-        return StageRun(proc)
+        with open(out, "w") as o, open(err, "w") as e:
+            proc = subprocess.Popen([sys.executable, "-m", f"pipelines.{stage}", "--config", str(path)], cwd=ROOT,
+                                    env={**os.environ, **(env or {})}, stdout=o, stderr=e, text=True)
+        return StartedStage(proc, out, err)
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def run_stage(start_stage):
+    """Run `python -m pipelines.<stage> --config <cfg written as YAML>` with extra env; returns a StageRun."""
+
+    def run(stage: str, cfg, env: dict[str, str] | None = None, timeout: int = 1500) -> StageRun:
+        return start_stage(stage, cfg, env).finish(timeout)
 
     return run
 

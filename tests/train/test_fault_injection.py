@@ -47,3 +47,22 @@ def test_off_without_the_env_var(monkeypatch, tmp_path, at_step):
         for rank in range(2):
             fault_injection.maybe_kill_worker(step, rank=rank, world_size=2)
     assert not marker.exists()
+
+
+def test_a_node_kill_refuses_anything_but_a_stack_worker_node(monkeypatch, tmp_path):
+    marker = tmp_path / "fired"
+    monkeypatch.setenv("RAYLINE_FAULT_AT_STEP", "2")
+    monkeypatch.setenv("RAYLINE_FAULT_KIND", "node")
+    monkeypatch.setenv("RAYLINE_FAULT_MARKER", str(marker))
+    killed = []
+    monkeypatch.setattr(fault_injection, "kill_own_session", lambda: killed.append("session"))
+    monkeypatch.setattr(fault_injection.os, "_exit", lambda code: (_ for _ in ()).throw(Killed(code)))
+    for label in ("head", ""):
+        monkeypatch.setattr(fault_injection, "node_label", lambda label=label: label)
+        with pytest.raises(RuntimeError, match="only a worker node"):
+            fault_injection.maybe_kill_worker(2, rank=1, world_size=2)
+    assert not marker.exists() and not killed
+    monkeypatch.setattr(fault_injection, "node_label", lambda: "worker-2")
+    with pytest.raises(Killed, match="^137$"):
+        fault_injection.maybe_kill_worker(2, rank=1, world_size=2)
+    assert killed == ["session"] and marker.read_text() == "killed node worker-2 of rank 1 after step 2\n"

@@ -1,13 +1,15 @@
 """The train stage end to end on the test stack: 2 FSDP2 workers on CPU, S3 checkpoints, export, MLflow, resume.
 
 Every run is `python -m pipelines.train` in a subprocess. One reference run (S3) is shared by the
-module. The fault run (S3 too) and the re-submission run (local storage) use the same seed and must
-reproduce its loss curve step for step after resuming, which checks the restored step, data position,
-optimizer, scheduler and RNG together, not just that the job finished.
+module. The fault run (S3 too; its workers on two worker nodes, one of which is lost mid-run) and the
+re-submission run (local storage) use the same seed and must reproduce its loss curve step for step after
+resuming, which checks the restored step, data position, optimizer, scheduler and RNG together, not just
+that the job finished. The reference runs wherever Ray puts it: the curve must not depend on the cluster.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -17,8 +19,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from data.prepared import COLUMNS, load_manifest
-from pipelines import registry, storage
+from pipelines import registry, stack, storage
 from pipelines.config import config_hash
+from pipelines.ray_node import NODE_LABEL
 from train.checkpoint import newest_trainer_state, read_trainer_state
 from train.packed_batch import forward_loss_sum, loss_tokens
 
@@ -36,6 +39,10 @@ class Result:
         self.__dict__.update(data)
 
 
+# The fault run's two workers, one on each of the two 1-CPU worker nodes, so that losing a node loses a rank.
+ON_WORKER_NODES = (f"scaling.node_labels={{{NODE_LABEL}: 'in(worker-1,worker-2)'}}", "scaling.resources_per_worker={CPU: 1}")
+
+
 @pytest.fixture(scope="module")
 def reference(make_train_config, run_stage, s3_bucket):
     """The reference run: checkpoints and export in S3."""
@@ -46,11 +53,20 @@ def reference(make_train_config, run_stage, s3_bucket):
 
 
 @pytest.fixture(scope="module")
-def faulted(make_train_config, run_stage, s3_bucket, tmp_path_factory):
-    """Same seed, checkpoints in S3; the last worker is killed right after step 8 (checkpoints every 3 steps)."""
+def faulted(make_train_config, start_stage, s3_bucket, worker_nodes, tmp_path_factory):
+    """Same seed, checkpoints in S3, the two workers pinned to the two 1-CPU worker nodes; right after step 8
+    (checkpoints every 3 steps) the last rank's whole node is SIGKILLed (raylet, agents, workers: a lost machine),
+    and a fresh node then joins under the same label, as KubeRay replaces a lost pod."""
     marker = tmp_path_factory.mktemp("fault") / "fired"
-    cfg = make_train_config(storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
-    run = run_stage("train", cfg, env={"RAYLINE_FAULT_AT_STEP": "8", "RAYLINE_FAULT_MARKER": str(marker)})
+    cfg = make_train_config(*ON_WORKER_NODES, storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
+    started = start_stage("train", cfg, env={"RAYLINE_FAULT_AT_STEP": "8", "RAYLINE_FAULT_KIND": "node",
+                                             "RAYLINE_FAULT_MARKER": str(marker)})
+    deadline = time.monotonic() + 900
+    while not marker.exists() and started.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if marker.exists():
+        stack.up(worker_nodes, parts=["nodes"])
+    run = started.finish(timeout=1200)
     assert run.returncode == 0 and run.result, str(run)
     return cfg, Result(run.result), marker, run
 
@@ -143,14 +159,14 @@ def test_model_version_and_run_carry_the_lineage(reference):
     assert run.data.params["optim.lr"] == str(cfg.optim.lr) and run.data.params["plan.total_steps"] == "12"
 
 
-def test_killed_worker_resumes_from_the_newest_s3_checkpoint(faulted, history):
+def test_lost_worker_node_resumes_from_the_newest_s3_checkpoint(faulted, history):
     cfg, result, marker, run = faulted
-    assert marker.exists()  # the injector did kill a worker
+    assert marker.read_text().startswith("killed node worker-")  # the injector did take a worker node down
     assert result.final_step == TOTAL_STEPS
     run_id = result.mlflow_run_id
     run_uri = storage.join(cfg.checkpoint.storage_path, cfg.run_name)
     assert run_uri.startswith("s3://")
-    # Checkpoints at 3 and 6 in S3 preceded the kill at 8: the restarted group resumed from S3 at 6, with
+    # Checkpoints at 3 and 6 in S3 preceded the node's loss at 8: the restarted group resumed from S3 at 6, with
     # Adam's state (whether or not Ray Train's controller had registered step 6 before the worker died).
     assert f"resumed from {run_uri.removeprefix('s3://')}/checkpoint_step000006 at step 6" in run.stdout, str(run)
     assert history.values(run_id, "resume/step") == [(6, 6.0)]
@@ -181,7 +197,7 @@ def test_faulted_run_is_visible_in_prometheus(faulted, history, local_stack):
         return max(float(v) for s in series for _, v in s["values"]) if series else float("nan")
 
     restarts = prometheus.wait_for(url, f"sum(ray_rayline_train_restarts_total{{{run}}})", timeout_s=60)
-    assert float(restarts[0]["value"][1]) == 1.0  # the one resume after the injected kill
+    assert float(restarts[0]["value"][1]) == 1.0  # the one resume after the node was lost
     assert peak(f"max(ray_rayline_train_step{{{run}}})") == TOTAL_STEPS
     assert peak(f"max(ray_rayline_train_steps_planned{{{run}}})") == TOTAL_STEPS
     assert 0 < peak(f"max(ray_rayline_train_mfu_ratio{{{run}}})") <= 1

@@ -1,7 +1,7 @@
 """The tune stage on the test stack: searches that cannot fit are refused with the arithmetic
 (`python -m pipelines.tune` in a subprocess); the search summary closes the runs of trials a real ASHA
-search stopped. The full search (train-stage trials as child runs, the best registered) runs as a Ray
-job in the end-to-end test, tests/pipelines/test_demo.py, which asserts the same facts."""
+search stopped. The search as the demo runs it (train-stage trials as child runs, the best registered) runs as a
+Ray job in the end-to-end test, tests/pipelines/test_demo.py, with one trial there to keep the suite's time."""
 
 from __future__ import annotations
 

@@ -1,0 +1,123 @@
+"""What each part of the local stack runs (pipelines/stack.py starts and stops them): its processes' command lines
+and environment, the ports it takes, and the environment a shell, driver or job needs to reach the stack."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pipelines import gcs_store, objectstore, prometheus
+from pipelines.ray_autoscaler import head_autoscaler
+from pipelines.ray_env import SERVE_PROCESS_ENV
+from pipelines.ray_node import NODE_LABEL, worker_node_argv, worker_node_env, worker_node_name, worker_node_ports
+from pipelines.stack_config import PROJECT_ROOT, StackConfig
+
+# Ray swaps a 127.0.0.1 node address for the machine's public IP, so its GCS and raylet would listen
+# on every interface; this switch (meant for laptops) keeps the node, and every server, on loopback.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# MLflow delivers webhooks only to public https URLs by default (SSRF protection) and caches the webhook list
+# for 60 s; the local stack's receiver is `pipelines.rollout --watch` on loopback (serve/webhook.py).
+MLFLOW_WEBHOOK_ENV = {"MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+                      "MLFLOW_WEBHOOK_CACHE_TTL": "1"}
+
+
+def python() -> str:
+    return sys.executable
+
+
+def ports(cfg: StackConfig) -> dict[str, list[int]]:
+    ports = {"ray": [cfg.ray_port, cfg.dashboard_port, cfg.ray_client_port, cfg.dashboard_agent_port, cfg.metrics_export_port],
+             "mlflow": [cfg.mlflow_port], "prometheus": [cfg.prometheus_port]}
+    if cfg.s3:
+        ports["s3"] = [cfg.s3_port, cfg.memcached_port, *objectstore.backend_ports(cfg.s3_port).values()]
+    if cfg.nodes:
+        ports["nodes"] = [p for i in range(1, cfg.nodes + 1) for p in worker_node_ports(cfg, i).values()]
+    if cfg.gcs_redis:
+        ports["redis"] = [cfg.redis_port]
+    return ports
+
+
+def runs_prometheus(cfg: StackConfig) -> bool:
+    """Prometheus is on in the config and installed here (`up` says why when it is on but cannot run)."""
+    return cfg.prometheus and prometheus.available() is None
+
+
+def ray_token_path(cfg: StackConfig) -> Path:
+    return cfg.state / "ray_auth_token"
+
+
+def env_vars(cfg: StackConfig) -> dict[str, str]:
+    """What a shell, a driver or a submitted job needs to reach this stack."""
+    env = {
+        "RAY_ADDRESS": f"http://127.0.0.1:{cfg.dashboard_port}",
+        **LOOPBACK_ENV,
+        "RAYLINE_RAY_GCS": f"127.0.0.1:{cfg.ray_port}",
+        "RAYLINE_DASHBOARD_URL": f"http://127.0.0.1:{cfg.dashboard_port}",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(ray_token_path(cfg)),
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{cfg.mlflow_port}",
+        "RAYLINE_SERVE_URL": f"http://127.0.0.1:{cfg.serve_port}",
+    }
+    if cfg.s3:
+        env.update(objectstore.s3_env(cfg.s3_port))
+        env["RAYLINE_BUCKET"] = cfg.bucket
+    if runs_prometheus(cfg):
+        env["RAYLINE_PROMETHEUS_URL"] = f"http://127.0.0.1:{cfg.prometheus_port}"
+    return env
+
+
+def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str, list[str], dict[str, str]]]]:
+    """Part -> processes to start, in order: (name, argv, extra env). `gcs_namespace`: the head's namespace in
+    Redis (with `gcs_redis`)."""
+    st = cfg.state
+    token_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(ray_token_path(cfg))}
+    ray_argv = [
+        str(Path(python()).with_name("ray")), "start", "--head", "--block",
+        "--node-ip-address=127.0.0.1", f"--port={cfg.ray_port}",
+        "--dashboard-host=127.0.0.1", f"--dashboard-port={cfg.dashboard_port}",
+        f"--ray-client-server-port={cfg.ray_client_port}", f"--dashboard-agent-listen-port={cfg.dashboard_agent_port}",
+        f"--min-worker-port={cfg.min_worker_port}", f"--max-worker-port={cfg.max_worker_port}", "--include-dashboard=true", "--disable-usage-stats",
+        f"--num-cpus={cfg.num_cpus or os.cpu_count()}", f"--metrics-export-port={cfg.metrics_export_port}",
+        f"--labels={NODE_LABEL}=head",
+    ]
+    # Job entrypoints say `python ...`: that must be this environment's Python. Workers import the
+    # project's packages; jobs get a working_dir, local drivers rely on PYTHONPATH.
+    venv_bin = str(Path(python()).parent)
+    ray_env = {**token_env, **LOOPBACK_ENV, "PYTHONPATH": str(PROJECT_ROOT),
+               "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(Path(venv_bin).parent), "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port), **SERVE_PROCESS_ENV}
+    if cfg.s3:
+        ray_env.update(objectstore.s3_env(cfg.s3_port))
+    if runs_prometheus(cfg):
+        # The Ray dashboard's metrics views read this Prometheus.
+        ray_env["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{cfg.prometheus_port}"
+    autoscaler_argv, autoscaler_env = head_autoscaler(cfg)
+    ray_argv += autoscaler_argv
+    head_env = {**ray_env, **autoscaler_env}
+    if cfg.gcs_redis:
+        redis_argv, redis_env = gcs_store.head_options(st, cfg.redis_port, gcs_namespace)
+        # Through the launcher: a head started again after its GCS died meets the worker nodes that wait for it.
+        ray_argv = [python(), "-m", "pipelines.ray_node", *ray_argv[2:], *redis_argv]
+        head_env.update(redis_env)
+    mlflow_argv = [
+        python(), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(cfg.mlflow_port),
+        "--backend-store-uri", f"sqlite:///{st / 'mlflow' / 'mlflow.db'}",
+        "--artifacts-destination", str(st / "mlflow" / "artifacts"), "--workers", "1",
+        "--expose-prometheus", str(st / "mlflow" / "metrics"),
+    ]
+    out = {
+        **({"redis": [("redis", gcs_store.prepare(st, cfg.redis_port), {})]} if cfg.gcs_redis else {}),
+        "ray": [("ray-head", ray_argv, head_env)],
+        # Job execution spawns a worker pool that costs ~1 GB; rayline does not use it.
+        "mlflow": [("mlflow", mlflow_argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **MLFLOW_WEBHOOK_ENV})],
+    }
+    if cfg.s3:
+        out["s3"] = [(n, a, {}) for n, a in objectstore.prepare(st, cfg.s3_port, cfg.memcached_port)]
+    if cfg.nodes:
+        out["nodes"] = [(worker_node_name(i), worker_node_argv(cfg, i, python()), {**ray_env, **worker_node_env(cfg, i)})
+                          for i in range(1, cfg.nodes + 1)]
+    if runs_prometheus(cfg):
+        out["prometheus"] = [("prometheus", prometheus.prepare(st, cfg.prometheus_port, cfg.mlflow_port,
+                                                                 cfg.scrape_interval_s), {})]
+    return out

@@ -1,0 +1,64 @@
+"""Losing a worker node under load (issue 21, faults): a Serve replica's node, and a batch engine's node.
+
+Two 1-CPU worker nodes join the test stack's head once for the module (tests/conftest.py `worker_nodes`); each
+scenario pins its two engines to them with `node_labels`, one per node, SIGKILLs worker-1 whole (raylet, workers,
+engine: a lost machine), and starts a fresh worker-1, as KubeRay replaces a lost pod. The scenarios are written
+once (tests/serve/serving.py `serve_node_loss`, tests/serve/batch_faults.py `batch_node_loss`), and
+bench/bench_faults.py runs them too. Real parts: `python -m pipelines.serve` and `pipelines.batch_infer`, vLLM
+engines on CPU, Ray's GCS noticing the node is gone, Serve's controller, Ray Data's actor pool, the `openai`
+client over HTTP, output on the stack's S3 (Swift). The figures are printed.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.serve.batch_faults import batch_node_loss
+from tests.serve.serving import serve_node_loss
+
+STREAMS = 6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_lost_replica_node_is_replaced_while_the_other_replica_serves(worker_nodes, tiny_model_dir):
+    loss = serve_node_loss(worker_nodes, tiny_model_dir, streams=STREAMS)
+    report = loss.summary()
+    print(f"node loss under load: {report}; replica events (s, replica, state): {loss.events}")
+    before, after = loss.nodes_before, loss.nodes_after
+    assert sorted(loss.placed.values()) == sorted([before["worker-1"], before["worker-2"]]), (loss.placed, before)
+    assert loss.lost_replica, loss.placed
+    assert loss.recovered_at is not None, f"no replacement replica: {loss.events}"
+    # The replacement runs on the new worker-1, not on the lost node and not doubled up on worker-2.
+    assert after["worker-1"] != before["worker-1"], after
+    assert sorted(loss.replaced.values()) == sorted([after["worker-1"], before["worker-2"]]), (loss.replaced, after)
+    # Only requests sent to the lost replica may fail: those in flight when its node went, and those Serve's
+    # router still sent it before the controller marked it down (Ray's node health checks take seconds).
+    assert loss.noticed_at is not None, loss.events
+    assert all(r.start < loss.noticed_at for r in loss.failed), report
+    # The surviving replica kept answering while the lost one was replaced, and the pair answers after.
+    assert any(r.ok and loss.killed_at < r.end < loss.recovered_at for r in loss.requests), report
+    after_recovery = [r for r in loss.requests if r.start > loss.recovered_at]
+    assert after_recovery and all(r.ok for r in after_recovery), report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_lost_engine_node_loses_no_row_and_duplicates_none(worker_nodes, ray_session, s3_bucket, tiny_model_dir,
+                                                             tmp_path):
+    output_uri = f"{s3_bucket}/batch-node-loss/{uuid.uuid4().hex[:8]}/out"
+    loss = batch_node_loss(worker_nodes, tiny_model_dir, output_uri, tmp_path)
+    print(f"batch engine node loss: {loss.summary()}")
+    before = loss.nodes_before
+    # One engine on each worker node when the node went, and the job went on without the lost one.
+    assert sorted(loss.placed.values()) == sorted([before["worker-1"], before["worker-2"]]), (loss.placed, before)
+    assert loss.returncode == 0, loss.log[-4000:]
+    assert loss.rows_at_kill < loss.rows
+    # Every input row, exactly once, none refused or failed for the loss.
+    assert sorted(loss.sources) == sorted(f"prompts.jsonl:{i + 1}" for i in range(loss.rows))
+    assert loss.missing == 0 and loss.duplicated == 0 and loss.errors == 0, loss.summary()
+    # The engine on worker-1 went with its node (a machine lost, not a clean shutdown).
+    assert loss.lost_engine and loss.lost_engine_death.startswith("DEAD") and "node" in loss.lost_engine_death.lower(), \
+        loss.lost_engine_death
