@@ -42,7 +42,7 @@ def metric_problems(tags: dict[str, str], gate: GateConfig) -> list[str]:
 EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 
 
-def _safetensors_header(uri: str) -> tuple[dict | None, str | None]:
+def safetensors_header(uri: str) -> tuple[dict | None, str | None]:
     """(header, None) when the file parses and is as long as its header says; else (None, what is wrong)."""
     fs, path = storage.resolve(uri)
     try:
@@ -106,7 +106,7 @@ def checkpoint_problems(source: str) -> list[str]:
         problems.append(f"{source}: no weight files (*.safetensors or *.bin)")
     for w in weights:
         if w.endswith(".safetensors"):
-            header, problem = _safetensors_header(storage.join(source, w))
+            header, problem = safetensors_header(storage.join(source, w))
             problem = problem or _embedding_problem(config if isinstance(config, dict) else {}, header, f"{source}/{w}")
             if problem:
                 problems.append(problem)

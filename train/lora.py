@@ -14,30 +14,17 @@ from pathlib import Path
 import torch
 
 from pipelines.config import ConfigError
+from pipelines.model_layout import linear_module_names
 from train.config import LoraConfig
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 EXPORT_INFO = "rayline_export.json"
 
 
-def linear_module_names(model: torch.nn.Module) -> set[str]:
-    """The short names (`q_proj`, `down_proj`, ...) of the model's linear layers: what LoRA can target."""
-    return {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-
-
-def _meta_model(model_config: dict) -> torch.nn.Module:
-    """The architecture of a config.json, on the meta device: no weights allocated or read."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(**model_config)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
-
-
 def check_target_modules(model: torch.nn.Module | dict, targets: list[str], where: str = "lora.target_modules") -> None:
     """Refuse targets the base lacks (given as a model or its config.json): an adapter on layers that are not
     there would either fail to load or, worse, load and change nothing."""
-    known = linear_module_names(model if isinstance(model, torch.nn.Module) else _meta_model(model))
+    known = linear_module_names(model)
     missing = [t for t in targets if t not in known]
     if missing:
         raise ConfigError(f"{where}: {missing} {'is' if len(missing) == 1 else 'are'} not a linear layer of the base "
