@@ -14,10 +14,7 @@ reference defines them; unknown fields are errors), which is what `kubectl apply
 
 from __future__ import annotations
 
-import difflib
-
-import jsonschema
-
+from rayjobs.api_schema import schema_problems
 from rayjobs.cluster_profile import Profile
 from rayjobs.crd_schema import Problem
 from rayjobs.manifests import METRICS_PORT, POD_LABELS, k8s_name
@@ -92,16 +89,4 @@ def _label_name(label: str) -> str:
 
 def check_podmonitor(doc: dict) -> list[Problem]:
     """Schema problems of a PodMonitor, each with its field path."""
-    validator = jsonschema.Draft202012Validator(SCHEMA)
-    problems = []
-    for err in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
-        where = ".".join(str(p) for p in err.absolute_path)
-        if err.validator == "additionalProperties":
-            known = list(err.schema.get("properties", {}))
-            for field in sorted(set(err.instance) - set(known)):
-                close = difflib.get_close_matches(field, known, n=1)
-                problems.append(Problem(f"{where}.{field}".lstrip("."), "unknown field" + (
-                    f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"), "crd-schema"))
-        else:
-            problems.append(Problem(where, err.message, "crd-schema"))
-    return problems
+    return schema_problems(SCHEMA, doc)

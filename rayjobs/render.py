@@ -107,6 +107,26 @@ def render_to_file(stage: str, config: str, out: str | Path, profile: Profile,
     return problems
 
 
+ROLLOUT_RBAC = "rbac/rollout-rbac.yaml"  # under rayjobs/: Kubernetes objects, not Ray clusters
+
+
+def render_rollout_rbac(out: str | Path, profile: Profile) -> list:
+    """The rollout's Role and RoleBinding (rayjobs/rollout_rbac.py) for every shipped RayService, bound to the
+    profile's service account; validated, then written; returns the problems."""
+    from rayjobs.rollout_rbac import check_rbac, rollout_rbac
+
+    names = [render(stage, str(stages.PROJECT_ROOT / config), profile)["metadata"]["name"]
+             for stage, config in SHIPPED.values() if stages.get_stage(stage).kind == "RayService"]
+    docs = rollout_rbac(profile.namespace, names, profile.service_account)
+    problems = [p for doc in docs for p in check_rbac(doc)]
+    if not problems:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text("# Rendered by `python -m pipelines.render --shipped`; do not edit by hand. What the rollout needs\n"
+                             "# with `target: kubernetes` (rayjobs/rollout_rbac.py), for the service account rayline's pods run as.\n"
+                             + yaml.safe_dump_all(docs, sort_keys=False))
+    return problems
+
+
 def render_shipped(out_dir: Path | None = None, profile: Profile | None = None) -> dict[str, list]:
     """Re-render every shipped manifest into `out_dir` (default rayjobs/); returns problems per file."""
     out_dir = out_dir or stages.PROJECT_ROOT / "rayjobs"
@@ -117,4 +137,5 @@ def render_shipped(out_dir: Path | None = None, profile: Profile | None = None) 
             results[fname] = render_to_file(stage, str(stages.PROJECT_ROOT / config), out_dir / fname, profile)
         except (ConfigError, ValueError) as e:
             results[fname] = [str(e)]
+    results[ROLLOUT_RBAC] = render_rollout_rbac(out_dir / ROLLOUT_RBAC, profile)
     return results

@@ -5,8 +5,10 @@ other applications as they are:
   LocalServe      GET/PUT http://<dashboard>/api/serve/applications/ (what `serve deploy` does), with the
                   cluster's auth token when Ray runs with RAY_AUTH_MODE=token;
   KubeRayService  patches `spec.serveConfigV2` of a RayService through the official kubernetes client
-                  (CustomObjectsApi.patch_namespaced_custom_object, a JSON merge patch); the KubeRay
-                  operator then updates the Serve app on the running cluster in place.
+                  (CustomObjectsApi.patch_namespaced_custom_object, a JSON merge patch carrying the
+                  resourceVersion it was computed from, so a concurrent writer's change is never lost); the
+                  KubeRay operator then updates the Serve app on the running cluster in place. It needs get and
+                  patch on the RayService (rayjobs/rbac/rollout-rbac.yaml).
 """
 
 from __future__ import annotations
@@ -179,11 +181,25 @@ class KubeRayService:
     def describe(self) -> str:
         return f"RayService {self.namespace}/{self.name} (app {self.app_name!r})"
 
+    def _api_error(self, verb: str, e: Exception) -> DeployError:
+        """The API server's answer as the person running the rollout can act on it (kubernetes' ApiException
+        carries `status`, `reason` and a JSON Status body)."""
+        status, detail = getattr(e, "status", None), str(e)
+        try:
+            detail = json.loads(getattr(e, "body", None) or "")["message"]
+        except (ValueError, TypeError, KeyError):
+            pass
+        hint = {403: f" (the service account rayline's pods run as needs get and patch on "
+                     f"{self.plural}.{self.group} in namespace {self.namespace}: rayjobs/rbac/rollout-rbac.yaml)",
+                404: " (no such RayService: deploy it first, e.g. rayjobs/serve-gpu.yaml)"}.get(status, "")
+        code = f"HTTP {status} {getattr(e, 'reason', '')}: " if status else ""
+        return DeployError(f"{self.describe()}: {verb} refused: {code}{detail}{hint}")
+
     def _object(self) -> dict:
         try:
             return self.api.get_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, self.name)
         except Exception as e:  # the client raises ApiException; a fake may raise anything
-            raise DeployError(f"{self.describe()}: cannot read it: {e}") from None
+            raise self._api_error("get", e) from None
 
     def _serve_config(self, obj: dict) -> dict:
         raw = (obj.get("spec") or {}).get("serveConfigV2") or ""
@@ -194,19 +210,27 @@ class KubeRayService:
         data.setdefault("applications", [])
         return data
 
-    def patch_body(self, serve_config: dict, current: dict | None = None) -> dict:
-        """The merge patch that makes `serve_config`'s app part of the RayService's serveConfigV2."""
-        current = current or {"applications": []}
-        merged = merge_application(serve_config, current.get("applications", []), base=current)
-        return {"spec": {"serveConfigV2": yaml.safe_dump(merged, sort_keys=False)}}
+    CONFLICT_RETRIES = 5
 
-    def _patch(self, body: dict) -> None:
-        try:
-            self.api.patch_namespaced_custom_object(
-                self.group, self.version, self.namespace, self.plural, self.name, body, field_manager="rayline-rollout"
-            )
-        except Exception as e:
-            raise DeployError(f"{self.describe()}: patch refused: {e}") from None
+    def _update(self, serve_config_of) -> None:
+        """Write `spec.serveConfigV2` = `serve_config_of(the current serveConfigV2)` as a merge patch that carries
+        the resourceVersion it was computed from: the API server refuses it (409) if another writer changed the
+        RayService in between, and it is computed again from theirs, so their change is never lost."""
+        for _ in range(self.CONFLICT_RETRIES):
+            obj = self._object()
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            body = {"spec": {"serveConfigV2": yaml.safe_dump(serve_config_of(self._serve_config(obj)), sort_keys=False)}}
+            if version is not None:
+                body["metadata"] = {"resourceVersion": version}
+            try:
+                self.api.patch_namespaced_custom_object(self.group, self.version, self.namespace, self.plural,
+                                                        self.name, body, field_manager="rayline-rollout")
+                return
+            except Exception as e:
+                if getattr(e, "status", None) != 409:
+                    raise self._api_error("patch", e) from None
+        raise DeployError(f"{self.describe()}: patch refused: the RayService changed under each of "
+                          f"{self.CONFLICT_RETRIES} attempts (HTTP 409 Conflict)")
 
     def current(self) -> dict | None:
         for app in self._serve_config(self._object())["applications"]:
@@ -232,13 +256,14 @@ class KubeRayService:
         return AppState(status=app.get("status", ""), message=app.get("message", ""), app_config=app_config, deployments=deps)
 
     def apply(self, serve_config: dict) -> None:
-        self._patch(self.patch_body(serve_config, self._serve_config(self._object())))
+        self._update(lambda current: merge_application(serve_config, current["applications"], base=current))
 
     def restore(self, app_config: dict | None, http_options: dict | None = None) -> None:
-        current = self._serve_config(self._object())
-        apps = [a for a in current["applications"] if a.get("name") != self.app_name]
-        current["applications"] = apps + ([app_config] if app_config else [])
-        self._patch({"spec": {"serveConfigV2": yaml.safe_dump(current, sort_keys=False)}})
+        def restored(current: dict) -> dict:
+            apps = [a for a in current["applications"] if a.get("name") != self.app_name]
+            return {**current, "applications": apps + ([app_config] if app_config else [])}
+
+        self._update(restored)
 
     def delete(self) -> None:
         self.restore(None)

@@ -234,3 +234,113 @@ def test_local_wrong_or_missing_token_is_refused_by_name(dashboard):
         LocalServe(APP_A, dashboard, token="").state()
     with pytest.raises(DeployError, match=r"is the Ray dashboard up\?"):
         LocalServe(APP_A, "http://127.0.0.1:9", token="x", timeout_s=5).state()
+
+
+# KubeRayService against the API server stand-in (tests/serve/kube_api.py): merge patches, resourceVersion and
+# generation bumps, 409 on a stale resourceVersion, 403/404/422 as ApiExceptions, writes checked against the CRD.
+
+def shipped_rayservice() -> dict:
+    """The RayService the project renders (rayjobs/serve-gpu.yaml), as `kubectl apply` would have created it."""
+    return next(d for d in yaml.safe_load_all(open("rayjobs/serve-gpu.yaml")) if d)
+
+
+def serve_apps(api, name: str) -> list[dict]:
+    return yaml.safe_load(api.store[("rayline", name)]["spec"]["serveConfigV2"])["applications"]
+
+
+@pytest.fixture()
+def standin():
+    from tests.serve.kube_api import KubeApiStandIn
+
+    obj = shipped_rayservice()
+    return KubeApiStandIn(obj), obj["metadata"]["name"]
+
+
+def test_apply_is_a_merge_patch_at_the_version_read_and_bumps_the_generation(standin, gpu_cfg):
+    api, name = standin
+    before = api.store[("rayline", name)]["metadata"]
+    target = KubeRayService("rayline", name, "rayline", api=api)
+    target.apply(render_serve_config(gpu_cfg, MODEL))
+    (body,) = api.writes
+    assert body["metadata"] == {"resourceVersion": before["resourceVersion"]}  # the version it was computed from
+    after = api.store[("rayline", name)]["metadata"]
+    assert after["generation"] == before["generation"] + 1 and after["resourceVersion"] != before["resourceVersion"]
+    assert serve_apps(api, name)[0]["args"]["model"]["version"] == "7"
+    assert target.state().status == "DEPLOYING"  # the operator has not observed generation 2 yet
+    api.operator_observes("rayline", name, {"activeServiceStatus": {"applicationStatuses": {
+        "rayline": {"status": "RUNNING", "serveDeploymentStatuses": {}}}}})
+    assert target.state().status == "RUNNING"
+
+
+def test_a_concurrent_writers_change_is_kept(standin, gpu_cfg):
+    """Another client adds an app between our read and our patch: the API server refuses our stale patch (409),
+    and the next attempt merges into their version, so both changes stand."""
+    api, name = standin
+    other = {"name": "embeddings", "route_prefix": "/embed", "import_path": "emb.app:build"}
+
+    def add_other(obj):
+        config = yaml.safe_load(obj["spec"]["serveConfigV2"])
+        config["applications"].append(other)
+        obj["spec"]["serveConfigV2"] = yaml.safe_dump(config)
+
+    patch = api.patch_namespaced_custom_object
+
+    def racing_patch(*args, **kwargs):
+        if not api.refused:  # once: the other writer gets in first
+            api.write_as_another_client("rayline", name, add_other)
+        return patch(*args, **kwargs)
+
+    api.patch_namespaced_custom_object = racing_patch
+    KubeRayService("rayline", name, "rayline", api=api).apply(render_serve_config(gpu_cfg, MODEL))
+    assert api.refused == [409] and len(api.writes) == 1
+    apps = serve_apps(api, name)
+    assert [a["name"] for a in apps] == ["embeddings", "rayline"] and apps[0] == other
+    assert apps[1]["args"]["model"]["version"] == "7"
+
+
+def test_a_writer_that_always_wins_ends_in_a_deploy_error(standin, gpu_cfg):
+    api, name = standin
+    patch = api.patch_namespaced_custom_object
+
+    def always_racing(*args, **kwargs):
+        api.write_as_another_client("rayline", name, lambda obj: obj["metadata"].setdefault("labels", {}).update(x="y"))
+        return patch(*args, **kwargs)
+
+    api.patch_namespaced_custom_object = always_racing
+    with pytest.raises(DeployError, match="changed under each of 5 attempts"):
+        KubeRayService("rayline", name, "rayline", api=api).apply(render_serve_config(gpu_cfg, MODEL))
+    assert api.refused == [409] * 5 and api.writes == []
+
+
+def test_forbidden_and_missing_are_explained(gpu_cfg):
+    from tests.serve.kube_api import KubeApiStandIn
+
+    obj = shipped_rayservice()
+    name = obj["metadata"]["name"]
+    read_only = KubeApiStandIn(obj, verbs=("get",))
+    with pytest.raises(DeployError, match=r"patch refused: HTTP 403 Forbidden: .*cannot patch resource "
+                                          r"\"rayservices\".*rayjobs/rbac/rollout-rbac.yaml"):
+        KubeRayService("rayline", name, "rayline", api=read_only).apply(render_serve_config(gpu_cfg, MODEL))
+    with pytest.raises(DeployError, match=r"RayService rayline/absent .*: get refused: HTTP 404 Not Found: "
+                                          r"rayservices.ray.io \"absent\" not found \(no such RayService"):
+        KubeRayService("rayline", "absent", "rayline", api=KubeApiStandIn(obj)).current()
+
+
+def test_the_standin_refuses_what_the_crd_refuses_and_stores_nothing(standin):
+    from kubernetes.client.exceptions import ApiException
+
+    api, name = standin
+    before = json.dumps(api.store[("rayline", name)], sort_keys=True)
+    with pytest.raises(ApiException) as refused:
+        api.patch_namespaced_custom_object("ray.io", "v1", "rayline", "rayservices", name,
+                                           {"spec": {"rayClusterConfig": {"headGroupSpec": {"rayStartParams": 7}}}})
+    assert refused.value.status == 422
+    assert "spec.rayClusterConfig.headGroupSpec.rayStartParams" in json.loads(refused.value.body)["message"]
+    assert json.dumps(api.store[("rayline", name)], sort_keys=True) == before and api.writes == []
+    # A merge patch: null deletes a key, objects merge, and status (a subresource) is not written this way.
+    api.patch_namespaced_custom_object("ray.io", "v1", "rayline", "rayservices", name,
+                                       {"metadata": {"labels": {"team": "ml", "app.kubernetes.io/name": None}},
+                                        "status": {"serviceStatus": "Running"}})
+    stored = api.store[("rayline", name)]
+    assert stored["metadata"]["labels"] == {"app.kubernetes.io/component": "serve", "team": "ml"}
+    assert not stored.get("status")
