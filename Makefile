@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.rayline-installed
 SWIFT_PKGS := swift swift-proxy swift-object swift-container swift-account memcached
-SYSTEM_PKGS := $(SWIFT_PKGS) prometheus redis-server
+SYSTEM_PKGS := $(SWIFT_PKGS) prometheus redis-server chromium
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test install system-deps stack-up stack-down bench lint clean-state
@@ -30,14 +30,14 @@ $(INSTALLED): pyproject.toml
 	touch $@
 
 # Swift (the S3 store of the local stack's --s3 mode and of the S3 tests), Prometheus (the stack's metrics,
-# `promtool` for the alert-rule tests) and Redis (the GCS's external store under `gcs_redis`, as on KubeRay with
-# GCS fault tolerance) come from Debian packages.
+# `promtool` for the alert-rule tests), Redis (the GCS's external store under `gcs_redis`, as on KubeRay with
+# GCS fault tolerance) and Chromium (the MLflow UI test, driven by Playwright from PyPI) come from Debian packages.
 system-deps:
-	@if command -v swift-proxy-server >/dev/null && command -v memcached >/dev/null && command -v promtool >/dev/null && command -v redis-server >/dev/null; then :; \
+	@if command -v swift-proxy-server >/dev/null && command -v memcached >/dev/null && command -v promtool >/dev/null && command -v redis-server >/dev/null && command -v chromium >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PKGS) >/dev/null || \
 		(apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PKGS) >/dev/null); \
-	else echo "note: Swift/Prometheus not installed and no root/apt-get: S3, metrics and GCS fault tests will be skipped (apt-get install $(SYSTEM_PKGS))"; fi
+	else echo "note: Swift/Prometheus not installed and no root/apt-get: S3, metrics, GCS fault and browser tests will be skipped (apt-get install $(SYSTEM_PKGS))"; fi
 
 stack-up: install
 	$(PY) -m pipelines.stack up --s3

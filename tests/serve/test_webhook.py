@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 
+import mlflow
 import pytest
 import yaml
 
@@ -25,6 +26,7 @@ from serve.deploy_target import LocalServe
 from serve.rollout import REJECTED, Rollout
 from serve.rollout_config import Config as RolloutConfig
 from serve.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookReceiver, sign, signature_problem
+from tests.serve.mlflow_ui import add_alias_in_ui, browser_missing
 from tests.serve.serving import register_fresh, serve_config_dict
 
 SECRET = "s3cret"
@@ -99,10 +101,15 @@ def test_unsigned_or_forged_calls_are_refused(receiver):
 
 
 @pytest.mark.slow  # the test stack's MLflow server and Ray dashboard, no engine
-def test_an_alias_set_in_mlflow_wakes_the_watching_rollout_at_once(local_stack, tiny_model_dir, tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("set_in", ["client", "browser"])
+def test_an_alias_set_in_mlflow_wakes_the_watching_rollout_at_once(set_in, local_stack, tiny_model_dir, tmp_path,
+                                                                   monkeypatch, caplog):
     """`pipelines.rollout --watch` as a user runs it: the rollout registers its webhook in MLflow, MLflow calls it
-    (signed) when the alias is set, and the rollout runs at once, not at the next poll. The version is below
-    the eval gate, so the real rollout refuses it before any engine would start."""
+    (signed) when the alias is set, and the rollout runs at once, not at the next poll. The alias is set with
+    MLflow's client, or in the MLflow UI with its own controls in a real browser (tests/serve/mlflow_ui.py). The
+    version is below the eval gate, so the real rollout refuses it before any engine would start."""
+    if set_in == "browser" and browser_missing():
+        pytest.skip(f"the MLflow UI test needs a browser: {browser_missing()}")
     monkeypatch.setenv("RAYLINE_WEBHOOK_SECRET", SECRET)
     (version,) = register_fresh(MODEL, [(str(tiny_model_dir), {"eval.exact_match": "0.1"})])
     serve_yaml = tmp_path / "serve.yaml"
@@ -121,7 +128,10 @@ def test_an_alias_set_in_mlflow_wakes_the_watching_rollout_at_once(local_stack, 
         (hook,) = [h for h in registry.client().list_webhooks() if h.name == f"rayline-rollout-{MODEL}"]
         assert hook.url == f"http://127.0.0.1:{cfg.webhook_port}/mlflow-webhook" and hook.events[0].action.value == "created"
         set_at = time.time()
-        registry.set_alias(MODEL, "champion", version)
+        if set_in == "browser":
+            add_alias_in_ui(mlflow.get_tracking_uri(), MODEL, version, "champion", tmp_path)
+        else:
+            registry.set_alias(MODEL, "champion", version)
         thread.join(timeout=POLL_S + 30)
         woke_after = time.time() - set_at
     finally:
