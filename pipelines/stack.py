@@ -35,7 +35,7 @@ from pipelines.processes import (kill_session_and_wait, pid_alive, process_name,
                                  session_members)
 from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_name
 from pipelines.stack_config import PROJECT_ROOT, StackConfig
-from pipelines.stack_parts import env_vars, ray_token_path, runs_prometheus
+from pipelines.stack_parts import env_vars, ray_token, ray_token_path, runs_prometheus
 
 
 def port_busy(port: int) -> bool:
@@ -70,7 +70,7 @@ def _gcs_namespace(cfg: StackConfig) -> str:
 def node_ids(cfg: StackConfig) -> dict[str, set[str]]:
     """The node ids of the cluster's alive nodes by their `rayline.io/node` label. A node lost a moment ago is
     still listed until the GCS's health checks give up on it."""
-    token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
+    token = ray_token(cfg)
     out: dict[str, set[str]] = {}
     for n in alive_nodes(cfg.dashboard_port, token):
         out.setdefault((n.get("labels") or {}).get(NODE_LABEL), set()).add(n.get("node_id"))
@@ -79,7 +79,7 @@ def node_ids(cfg: StackConfig) -> dict[str, set[str]]:
 
 def part_healthy(cfg: StackConfig, part: str) -> bool:
     if part == "ray":
-        token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
+        token = ray_token(cfg)
         return _http_ok(f"http://127.0.0.1:{cfg.dashboard_port}/api/version", token=token)
     if part == "mlflow":
         return _http_ok(f"http://127.0.0.1:{cfg.mlflow_port}/health")
@@ -100,7 +100,7 @@ def _head_registered(cfg: StackConfig, since_ms: int) -> bool:
     """A head node started at `since_ms` or later is alive in the GCS: its raylet registered. The dashboard answers
     before that, and a raylet that cannot register within Ray's 30 s (a GCS still reloading its tables from Redis
     on a loaded box) takes `ray start --block`, and so the whole head, down with it."""
-    token = ray_token_path(cfg).read_text().strip() if ray_token_path(cfg).exists() else None
+    token = ray_token(cfg)
     return any(n.get("is_head_node") and (n.get("start_time_ms") or 0) >= since_ms
                for n in alive_nodes(cfg.dashboard_port, token))
 

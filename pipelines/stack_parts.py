@@ -47,6 +47,12 @@ def ray_token_path(cfg: StackConfig) -> Path:
     return cfg.state / "ray_auth_token"
 
 
+def ray_token(cfg: StackConfig) -> str | None:
+    """The stack's Ray auth token (None before the first `up`)."""
+    path = ray_token_path(cfg)
+    return path.read_text().strip() if path.exists() else None
+
+
 def env_vars(cfg: StackConfig) -> dict[str, str]:
     """What a shell, a driver or a submitted job needs to reach this stack."""
     env = {

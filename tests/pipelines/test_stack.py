@@ -36,7 +36,7 @@ def test_up_twice_env_job_down(mini_cfg, tmp_path):
         assert first.returncode == 0, first.stderr + first.stdout
         assert "ray-head" in first.stdout and "mlflow" in first.stdout and "prometheus" in first.stdout
         # `up` returned once the head's raylet registered, not only once its dashboard answered.
-        token = stack.ray_token_path(mini_cfg).read_text().strip()
+        token = stack.ray_token(mini_cfg)
         assert [n["is_head_node"] for n in alive_nodes(mini_cfg.dashboard_port, token)] == [True]
         again = _cli(mini_cfg, "up")
         assert again.returncode == 0 and "already running" in again.stdout
