@@ -178,8 +178,10 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
                     # One at a time: raylets starting together in one Ray session can pick the same socket name.
                     # A node that replaces a lost one counts once it joined under a new node id.
                     _write_state(state, data)
-                    _wait_healthy(cfg, part, [(name, argv, env)], data, deadline,
-                                  lambda: bool(node_ids(cfg).get(label, set()) - lost))
+                    restarts = _join_node(cfg, state, data, (name, argv, env), deadline,
+                                          lambda: bool(node_ids(cfg).get(label, set()) - lost))
+                    if restarts:
+                        notes.append(f"{name}: joined after {restarts} restart(s) ({restarts[-1]})")
         _write_state(state, data)
     _write_state(state, data)
     for part in specs:
@@ -191,6 +193,25 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
         if session:
             prometheus.link_ray_targets(state, session)
     return {"started": started, "state_dir": str(state), "notes": notes}
+
+
+def _join_node(cfg: StackConfig, state: Path, data: dict, spec: tuple, deadline: float, joined) -> list[str]:
+    """Wait until a worker node joined; start it again, as a pod's container restarts, when its `ray start` gave up
+    first. Ray gives a raylet 30 s (hard-coded) to register with the GCS, and on a box whose CPUs are all busy
+    (engines at work on the other nodes) its agents may need longer to start. Returns why it was restarted."""
+    name, argv, env = spec
+    restarts = []
+    while True:
+        try:
+            _wait_healthy(cfg, "nodes", [spec], data, deadline, joined)
+            return restarts
+        except RuntimeError as e:
+            if time.time() > deadline or "timed out during startup" not in str(e):
+                raise
+            restarts.append("its raylet missed Ray's 30 s registration window")
+            kill_session_and_wait(data["pids"][name])  # what the failed start left
+            data["pids"][name] = _spawn(state, name, argv, env)
+            _write_state(state, data)
 
 
 def _wait_healthy(cfg: StackConfig, part: str, procs: list, data: dict, deadline: float, ready=None) -> None:

@@ -64,14 +64,19 @@ class StartedStage:
         self.proc, self._out, self._err = proc, out, err
 
     def finish(self, timeout: float) -> StageRun:
+        """Wait for the process; one still running after `timeout` is killed and its run (exit -9, its output
+        ending with a line that says so) comes back for the test's assertion to show."""
+        timed_out = False
         try:
             self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
-        return StageRun(subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self._out.read_text(),
-                                                    self._err.read_text()))
+        err = self._err.read_text() + (f"\n[killed by the test: still running after {timeout} s]" if timed_out else "")
+        return StageRun(subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self._out.read_text(), err))
 
 
 @pytest.fixture(scope="session")

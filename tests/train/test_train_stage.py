@@ -66,7 +66,7 @@ def faulted(make_train_config, start_stage, s3_bucket, worker_nodes, tmp_path_fa
         time.sleep(0.2)
     if marker.exists():
         stack.up(worker_nodes, parts=["nodes"])
-    run = started.finish(timeout=1200)
+    run = started.finish(timeout=600)  # 2 min here alone
     assert run.returncode == 0 and run.result, str(run)
     return cfg, Result(run.result), marker, run
 
