@@ -219,7 +219,7 @@ def resolve_model_uri(ref: str, cache_dir: str | Path | None = None) -> str:
     if storage.is_s3(exported) or (not storage.is_remote(exported) and storage.exists(exported)):
         return exported
     target = Path(cache_dir or Path.home() / ".cache" / "rayline" / "models") / f"{mv.name}-v{mv.version}"
-    if not (target / "config.json").exists():
+    if not ((target / "config.json").exists() or (target / "adapter_config.json").exists()):  # a model or an adapter
         import mlflow.artifacts
 
         mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(target.parent / f".{target.name}"))

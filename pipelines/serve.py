@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import yaml
 
 from pipelines.config import ConfigError, load_config
 from serve import rollout_record as rec
-from serve.app import render_serve_config, resolve_served_model, served_model_of
+from serve.app import render_serve_config, resolve_served_adapters, resolve_served_model, served_model_of
 from serve.deploy_target import DeployError, LocalServe
 from serve.serve_config import Config
 from serve.verify import wait_until_answering, wait_until_healthy
@@ -34,25 +34,34 @@ class ServeResult:
     model: str
     """The served version (`name/N`), as responses report it in `system_fingerprint`."""
     seconds: float
+    adapters: dict[str, str] = field(default_factory=dict)
+    """Adapter name -> the version it answers with (`name/N`)."""
 
 
 def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> ServeResult:
     """Resolve, render, deploy through the dashboard, and wait until the pinned version answers."""
     start = time.time()
     served = resolve_served_model(cfg.engine.model, cfg.model_cache_dir or None)
+    adapters = resolve_served_adapters(cfg, served) if cfg.lora.slots else None
     target = LocalServe(cfg.app_name, dashboard_url)
     before = served_model_of(target.current() or {})
-    target.apply(render_serve_config(cfg, served))
+    target.apply(render_serve_config(cfg, served, adapters))
     healthy = wait_until_healthy(target.state, served, timeout_s, fail_fast=False, applied_at=start)
     if not healthy.ok:
         raise DeployError(f"{target.describe()}: {healthy.reason}")
     answer = wait_until_answering(cfg.base_url(), cfg.served_model_id, served.label, "Hello", 120.0)
+    for name, adapter in (adapters or {}).items():
+        if answer.ok:
+            client = f"{cfg.served_model_id}:{name}"
+            answer = wait_until_answering(cfg.base_url(), client, f"{client}@{adapter['label']}", "Hello", 120.0,
+                                          field="model")
     if not answer.ok:
         raise DeployError(f"{target.describe()}: {answer.reason}")
     if served.name and served.version:
         previous = before.version if before and before.name == served.name else None
         rec.record_deployed(served.name, served.version, previous, f"pipelines.serve ({rec.default_trigger()})", None)
-    return ServeResult(url=cfg.base_url(), model=served.label, seconds=time.time() - start)
+    return ServeResult(url=cfg.base_url(), model=served.label, seconds=time.time() - start,
+                       adapters={name: a["label"] for name, a in (adapters or {}).items()})
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -82,10 +91,12 @@ def cli(argv: list[str] | None = None) -> int:
         return 0
     try:
         result = main(cfg, args.dashboard)
-    except (DeployError, LookupError, FileNotFoundError) as e:
+    except (DeployError, LookupError, FileNotFoundError, ValueError) as e:  # ValueError: an adapter that does not fit
         print(f"serve failed: {e}", file=sys.stderr)
         return 1
     print(f"serving {result.model} as {cfg.served_model_id!r} at {result.url} (ready in {result.seconds:.0f}s)")
+    for name, label in result.adapters.items():
+        print(f"  adapter {label} as {cfg.served_model_id + ':' + name!r}")
     return 0
 
 

@@ -74,16 +74,49 @@ def resolve_served_model(ref: str, cache_dir: str | Path | None = None, alias: s
     return ServedModel(source=source, ref=pinned, name=info.name, version=info.version, alias=alias or info.alias)
 
 
+def resolve_served_adapters(cfg: Config, model: ServedModel) -> dict[str, dict[str, Any]]:
+    """cfg.lora.adapters, each pinned to one version and checked against the served base (the gate's checks, and
+    the base version it was trained on): client name -> {ref, source, name, version, label}."""
+    from serve.adapters import resolve_adapter
+
+    base = engine.ModelInfo(ref=model.ref, uri=model.source, name=model.name, version=model.version)
+    out = {}
+    for name, ref in cfg.lora.adapters.items():
+        a = resolve_adapter(ref, model.source, base, cfg.model_cache_dir or None, cfg.lora.max_lora_rank,
+                            where=f"lora.adapters.{name}")
+        pinned = f"models:/{a.info.name}/{a.info.version}" if a.info.name and a.info.version else ref
+        out[name] = {"ref": pinned, "source": a.path, "name": a.info.name, "version": a.info.version,
+                     "label": a.info.label}
+    return out
+
+
+def engine_deployment_name(cfg: Config) -> str:
+    """The Serve deployment of the engine replicas (Ray's builder: `LLMServer:` + the model id, '/' and '.' replaced)."""
+    return "LLMServer:" + cfg.served_model_id.replace("/", "--").replace(".", "_")
+
+
+def adapters_of(app_config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The adapter set in a deployed application config (as rendered here): client name -> pinned adapter."""
+    for d in app_config.get("deployments") or []:
+        if str(d.get("name", "")).startswith("LLMServer:"):
+            return dict((d.get("user_config") or {}).get("adapters") or {})
+    return {}
+
+
 def application_args(cfg: Config, model: ServedModel | None) -> dict[str, Any]:
     """The builder's `args`: the serving config, and the pinned model (None: resolve `engine.model` at build time)."""
     return {"config": to_dict(cfg), "model": model.to_args() if model else None}
 
 
-def render_serve_config(cfg: Config, model: ServedModel | None = None) -> dict[str, Any]:
+def render_serve_config(cfg: Config, model: ServedModel | None = None,
+                        adapters: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The `serve deploy` config (ServeDeploySchema) of this app; also a RayService's serveConfigV2.
 
     With `model` the app is pinned to that version; without (offline rendering, e.g. a RayService
-    manifest) the builder resolves `cfg.engine.model` when the cluster builds the app.
+    manifest) the builder resolves `cfg.engine.model` when the cluster builds the app. With LoRA on, the engine
+    deployment's `user_config` holds the adapter set: `adapters` (pinned, resolve_served_adapters) or, without,
+    cfg.lora.adapters' references, which each replica resolves itself. Serve hands a changed `user_config` to the
+    running replicas (`reconfigure`) without restarting them, since it is not part of the code version.
     """
     app: dict[str, Any] = {
         "name": cfg.app_name,
@@ -91,6 +124,9 @@ def render_serve_config(cfg: Config, model: ServedModel | None = None) -> dict[s
         "import_path": BUILDER,
         "args": application_args(cfg, model),
     }
+    if cfg.lora.slots:
+        pinned = adapters if adapters is not None else {name: {"ref": ref} for name, ref in cfg.lora.adapters.items()}
+        app["deployments"] = [{"name": engine_deployment_name(cfg), "user_config": {"adapters": pinned}}]
     if cfg.runtime_env:
         app["runtime_env"] = cfg.runtime_env
     if not cfg.access_log:
@@ -118,6 +154,7 @@ def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
     from serve.llm_hooks import EngineStartCallback
 
     engine_kwargs = {
+        **cfg.lora.engine_kwargs(),
         **engine.vllm_engine_kwargs(cfg.engine),
         # vLLM frontend options (Ray routes them to the OpenAI layer): stamp the version on responses.
         "fingerprint_mode": "custom",
@@ -179,7 +216,8 @@ def build_app(args: dict[str, Any]):
 
         return build_llm_deployment(
             llm, name_prefix="LLMServer:", deployment_cls=serve.ingress()(RaylineServer),
-            bind_kwargs={"rayline": rayline, "request_metrics": cfg.request_metrics}
+            bind_kwargs={"rayline": rayline, "request_metrics": cfg.request_metrics,
+                         "model_cache_dir": cfg.model_cache_dir, "max_lora_rank": cfg.lora.max_lora_rank}
         )
     return build_openai_app({
         "llm_configs": [llm],

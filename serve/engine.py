@@ -44,6 +44,10 @@ TYPED_KWARGS = {
 }
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `max_lora_rank` values vLLM 0.32 accepts (vllm/config/lora.py)."""
+
+
 @dataclass
 class EngineConfig:
     model: str
@@ -262,6 +266,18 @@ def resolve_model(ref: str, cache_dir: str | Path | None = None) -> tuple[str, M
     MLflow references go through `registry.resolve_model_uri` (the exported checkpoint); s3:// checkpoints
     are copied into `cache_dir` because vLLM loads from a local directory.
     """
+    local, info = resolve_checkpoint(ref, cache_dir)
+    if not (Path(local) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model {ref}: no Hugging Face checkpoint (config.json) at {local}"
+            + (f" (resolved from {info.uri})" if info.uri != ref else "")
+            + "; point `model` at an exported checkpoint directory"
+        )
+    return local, info
+
+
+def resolve_checkpoint(ref: str, cache_dir: str | Path | None = None) -> tuple[str, ModelInfo]:
+    """Any checkpoint reference (a full model or an adapter) -> (local directory, ModelInfo), not checked."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     name = version = alias = None
     tags: dict[str, str] = {}
@@ -270,11 +286,5 @@ def resolve_model(ref: str, cache_dir: str | Path | None = None) -> tuple[str, M
         name, version, tags = mv.name, str(mv.version), dict(mv.tags)
         alias = registry.parse_model_ref(ref)[2]
     uri = registry.resolve_model_uri(ref, cache)
-    local = storage.local_copy(uri, cache)
-    if not (Path(local) / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model {ref}: no Hugging Face checkpoint (config.json) at {local}"
-            + (f" (resolved from {uri})" if uri != ref else "")
-            + "; point `model` at an exported checkpoint directory"
-        )
-    return local, ModelInfo(ref=ref, uri=uri, name=name, version=version, alias=alias, tags=tags)
+    return storage.local_copy(uri, cache), ModelInfo(ref=ref, uri=uri, name=name, version=version, alias=alias,
+                                                     tags=tags)

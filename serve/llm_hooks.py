@@ -33,8 +33,19 @@ def _json_of(reply: Any) -> Any:
     return reply.model_dump() if hasattr(reply, "model_dump") else reply
 
 
-def add_version_to_model_routes(app: FastAPI, model_id: str, rayline: dict[str, Any]) -> None:
-    """Wrap vLLM's `GET /v1/models` and Ray's `GET /v1/models/{model}` so the served card names the version."""
+def adapter_card(card: dict[str, Any], adapters) -> dict[str, Any]:
+    """vLLM's card of a loaded adapter (its id the versioned `<model_id>:<name>@<label>`) as clients name it, with
+    the version as `metadata.rayline`; other cards as they are. `adapters`: the replica's AdapterSet, or None."""
+    spec = adapters.version_of(card.get("id", "")) if adapters else None
+    if spec is None:
+        return card
+    return {**card, "id": card["id"].partition("@")[0], "root": spec["label"], "owned_by": "rayline",
+            "metadata": {**(card.get("metadata") or {}), "rayline": {**spec, "adapter": True}}}
+
+
+def add_version_to_model_routes(app: FastAPI, model_id: str, rayline: dict[str, Any], adapters=None) -> None:
+    """Wrap vLLM's `GET /v1/models` and Ray's `GET /v1/models/{model}` so the served card names the version (and
+    each served adapter's card its adapter version, `adapters` being the replica's AdapterSet)."""
     for route in list(app.router.routes):
         path = getattr(route, "path", None)
         if path not in ("/v1/models", "/v1/models/{model:path}") or "GET" not in getattr(route, "methods", ()):
@@ -44,12 +55,19 @@ def add_version_to_model_routes(app: FastAPI, model_id: str, rayline: dict[str, 
         if path == "/v1/models":
             async def list_models(raw_request: Request, _original=original) -> JSONResponse:
                 body = _json_of(await _original(raw_request))
-                body["data"] = [stamp_version(c, model_id, rayline) for c in body.get("data", [])]
+                body["data"] = [adapter_card(stamp_version(c, model_id, rayline), adapters)
+                                for c in body.get("data", []) if not adapters or "@" not in c.get("id", "")
+                                or adapters.version_of(c["id"])]  # superseded adapter versions left out
                 return JSONResponse(body)
 
             app.add_api_route(path, list_models, methods=["GET"])
         else:
             async def retrieve_model(model: str, _original=original) -> JSONResponse:
+                name = model.removeprefix(f"{model_id}:")
+                if adapters and model != name and name in adapters.served:
+                    spec = adapters.served[name]
+                    return JSONResponse(adapter_card({"id": f"{model}@{spec['label']}", "object": "model",
+                                                      "parent": model_id}, adapters))
                 try:
                     card = _json_of(await _original(model))
                 except HTTPException as e:
@@ -70,14 +88,29 @@ class RaylineServer(LLMServer):
     """
 
     async def __init__(self, llm_config, *, rayline: dict[str, Any] | None = None, request_metrics: bool = True,
-                       **kwargs):
+                       model_cache_dir: str = "", max_lora_rank: int = 16, **kwargs):
         self._rayline = dict(rayline or {})
         self._request_metrics = request_metrics
         await super().__init__(llm_config, **kwargs)
+        self._adapters = None
+        if llm_config.engine_kwargs.get("enable_lora"):
+            from serve.served_adapters import AdapterSet
+
+            self._adapters = AdapterSet(self.engine, llm_config.model_id, self._rayline, model_cache_dir, max_lora_rank)
+
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's call with the deployment's `user_config` (serve/app.py), at start and whenever it changes: the
+        adapter set, swapped in place (serve/served_adapters.py)."""
+        wanted = (user_config or {}).get("adapters") or {}
+        if self._adapters is None:
+            if wanted:
+                raise ValueError("adapters given, but this app's engines run without LoRA (lora.max_adapters: 0)")
+            return
+        await self._adapters.apply(wanted)
 
     async def __serve_build_asgi_app__(self):
         app = await super().__serve_build_asgi_app__()
-        add_version_to_model_routes(app, self._llm_config.model_id, self._rayline)
+        add_version_to_model_routes(app, self._llm_config.model_id, self._rayline, self._adapters)
         tags = served_tags(self._llm_config.model_id, self._rayline)
         metrics.gauge("rayline_served_version", 1, **tags)
         if self._request_metrics:

@@ -1,6 +1,7 @@
 """Promotion -> rollout: make the Serve app serve the version an MLflow alias points at, or refuse and say why.
 
-One attempt (`Rollout.once`), when `NAME@alias` is not the version the app serves:
+One attempt (`Rollout.once`), when `NAME@alias` is not the version the app serves (the base model, or with
+`adapter` one of the LoRA adapters the same replicas serve, swapped in place without an engine restart):
   1. gate     eval tags vs thresholds, checkpoint complete (serve/gate.py); refuse -> tag, alias back
   2. deploy   render the app pinned to the version; dashboard REST PUT or RayService patch (serve/deploy_target.py)
   3. verify   app RUNNING on the new config, then a smoke request answered by the new version (serve/verify.py)
@@ -26,9 +27,10 @@ from pipelines import metrics, registry
 from pipelines.config import load_config
 from pipelines.ray_cluster import init_ray, ray_job_id
 from serve import rollout_record as rec
-from serve.app import ServedModel, render_serve_config, resolve_served_model, served_model_of
+from serve.adapters import resolve_adapter
+from serve.app import ServedModel, adapters_of, render_serve_config, resolve_served_model, served_model_of
 from serve.deploy_target import DeployError, KubeRayService, LocalServe
-from serve.gate import gate_problems
+from serve.gate import gate_problems, metric_problems
 from serve.rollout_config import Config
 from serve.serve_config import Config as ServeConfig
 from serve.verify import VerifyOutcome, wait_until_answering, wait_until_healthy
@@ -72,10 +74,17 @@ class Rollout:
     def __init__(self, cfg: Config, serve_cfg: ServeConfig | None = None, target=None):
         self.cfg = cfg
         self.serve_cfg = serve_cfg or load_serve_config(cfg)
-        ref = self.serve_cfg.engine.model
+        ref, where = self.serve_cfg.engine.model, "engine.model"
+        if cfg.adapter:
+            adapters = self.serve_cfg.lora.adapters
+            if cfg.adapter not in adapters:
+                raise ValueError(f"adapter: {cfg.adapter!r} is not served (the serving config's lora.adapters: "
+                                 f"{sorted(adapters) or 'none'})")
+            ref, where = adapters[cfg.adapter], f"lora.adapters.{cfg.adapter}"
         if not cfg.model and not ref.startswith("models:/"):
-            raise ValueError(f"model: not given, and the serving config's engine.model ({ref}) is not a models:/ reference")
+            raise ValueError(f"model: not given, and the serving config's {where} ({ref}) is not a models:/ reference")
         self.name = cfg.model or registry.parse_model_ref(ref)[0]
+        self.client_name = f"{self.serve_cfg.served_model_id}:{cfg.adapter}" if cfg.adapter else ""
         if target is None:
             k = cfg.kubernetes
             target = (KubeRayService(self.serve_cfg.app_name, k.name, k.namespace) if cfg.target == "kubernetes"
@@ -93,7 +102,7 @@ class Rollout:
             return RolloutResult(SKIPPED, name, reason=f"alias {name}@{cfg.alias} is not set in MLflow")
         version = str(mv.version)
         previous_app = self.target.current()
-        previous = served_model_of(previous_app or {})
+        previous = self._served(previous_app or {})
         prev_version = previous.version if previous and previous.name == name else None
         if prev_version == version:
             return RolloutResult(UNCHANGED, name, version, prev_version, reason=f"already serving {name}/{version}")
@@ -116,7 +125,7 @@ class Rollout:
                 reason = "gate refused: " + "; ".join(problems) + alias_note
                 return self._finish(RolloutResult(REJECTED, name, version, prev_version, reason, run_id), start)
 
-            rendered = render_serve_config(self.serve_cfg, served)
+            rendered = self._render(previous_app or {}, served)
             mlflow.log_dict(rendered, "serve_config.json")
             outcome = self._deploy_and_verify(rendered, served)
             if outcome.ok:
@@ -129,14 +138,59 @@ class Rollout:
             reason = f"{outcome.reason}; {rollback}{alias_note}"
             return self._finish(RolloutResult(ROLLED_BACK, name, version, prev_version, reason, run_id), start)
 
+    def _served(self, app_config: dict) -> ServedModel | None:
+        """What the followed model is in a deployed app config: the base, or the adapter's pinned version."""
+        if not self.cfg.adapter:
+            return served_model_of(app_config)
+        spec = adapters_of(app_config).get(self.cfg.adapter)
+        return ServedModel(source=spec.get("source", ""), ref=spec["ref"], name=spec.get("name"),
+                           version=spec.get("version")) if spec else None
+
+    def _render(self, previous_app: dict, served: ServedModel) -> dict:
+        """The app config serving `served`: pinned to it, or (an adapter) the running app with it swapped in."""
+        if not self.cfg.adapter:
+            return render_serve_config(self.serve_cfg, served)
+        adapters = {**adapters_of(previous_app), self.cfg.adapter: {
+            "ref": served.ref, "source": served.source, "name": served.name, "version": served.version,
+            "label": served.label}}
+        return render_serve_config(self.serve_cfg, served_model_of(previous_app), adapters)
+
     def _gate(self, name: str, version: str, tags: dict[str, str]) -> tuple[ServedModel | None, list[str]]:
         """Resolve the version's checkpoint and run the gate; (served model, reasons to refuse)."""
+        if self.cfg.adapter:
+            return self._gate_adapter(name, version, tags)
         try:
             served = resolve_served_model(f"models:/{name}/{version}", self.serve_cfg.model_cache_dir or None,
                                           alias=self.cfg.alias)
         except (LookupError, OSError, ValueError, MlflowException) as e:
             return None, [f"checkpoint of {name}/{version} cannot be resolved: {e}"]
         return served, gate_problems(tags, served.source, self.cfg.gate)
+
+    def _gate_adapter(self, name: str, version: str, tags: dict[str, str]) -> tuple[ServedModel | None, list[str]]:
+        """The adapter version's eval tags, and the adapter against the base the app serves (files, rank within
+        the engines' max_lora_rank, target modules, shapes, the base version it was trained on), before any
+        replica sees it: one bad adapter must never reach replicas that serve every other one."""
+        from serve.engine import ModelInfo
+
+        base = served_model_of(self.target.current() or {})
+        if base is None:
+            return None, [f"the app {self.serve_cfg.app_name} serves no pinned base to load {name}/{version} onto; "
+                          "deploy it first (python -m pipelines.serve)"]
+        info = ModelInfo(ref=base.ref, uri=base.source, name=base.name, version=base.version)
+        try:
+            a = resolve_adapter(f"models:/{name}/{version}", base.source, info, self.serve_cfg.model_cache_dir or None,
+                                self.serve_cfg.lora.max_lora_rank, where=f"{name}/{version}")
+        except (LookupError, OSError, ValueError, MlflowException) as e:
+            return None, metric_problems(tags, self.cfg.gate) + [str(e)]
+        served = ServedModel(source=a.path, ref=f"models:/{name}/{version}", name=name, version=version,
+                             alias=self.cfg.alias)
+        return served, metric_problems(tags, self.cfg.gate)
+
+    def _expect(self, served: ServedModel) -> tuple[str, str, str]:
+        """(model clients send, what the answer must carry, in which field) once `served` answers."""
+        if self.cfg.adapter:
+            return self.client_name, f"{self.client_name}@{served.label}", "model"
+        return self.serve_cfg.served_model_id, served.label, "system_fingerprint"
 
     def _deploy_and_verify(self, rendered: dict, served: ServedModel) -> VerifyOutcome:
         cfg = self.cfg
@@ -145,13 +199,19 @@ class Rollout:
             self.target.apply(rendered)
         except DeployError as e:
             return VerifyOutcome(False, f"deploy failed: {e}")
-        healthy = wait_until_healthy(self.target.state, served, cfg.deploy_timeout_s, cfg.fail_fast, applied_at=t)
-        mlflow.log_metric("deploy_s", time.time() - t)
-        if not healthy.ok:
-            return VerifyOutcome(False, f"deploy failed: {healthy.reason}")
-        answer = wait_until_answering(self.base_url, self.serve_cfg.served_model_id, served.label,
-                                      cfg.smoke_prompt, cfg.smoke_timeout_s)
+        base = served_model_of(rendered["applications"][0]) if cfg.adapter else served
+        if base is not None:
+            healthy = wait_until_healthy(self.target.state, base, cfg.deploy_timeout_s, cfg.fail_fast, applied_at=t,
+                                         poll_s=0.2 if cfg.adapter else 1.0)
+            mlflow.log_metric("deploy_s", time.time() - t)
+            if not healthy.ok:
+                return VerifyOutcome(False, f"deploy failed: {healthy.reason}")
+        model_id, label, field = self._expect(served)
+        answer = wait_until_answering(self.base_url, model_id, label, cfg.smoke_prompt, cfg.smoke_timeout_s,
+                                      poll_s=0.2 if cfg.adapter else 0.5, field=field)
         mlflow.log_metric("verify_s", answer.seconds)
+        if answer.ok:
+            mlflow.log_metric("switch_s", time.time() - t)  # deploy -> the new version answering
         return answer if answer.ok else VerifyOutcome(False, f"verify failed: {answer.reason}")
 
     def _roll_back(self, previous_app: dict | None, previous: ServedModel | None, http_options: dict | None) -> str:
@@ -166,11 +226,13 @@ class Rollout:
             return f"ROLLBACK FAILED: {e}"
         if previous is None:
             return "the previous app config is back (it pins no version, so no smoke check)"
-        healthy = wait_until_healthy(self.target.state, previous, self.cfg.deploy_timeout_s, fail_fast=False, applied_at=t)
+        base = served_model_of(previous_app) if self.cfg.adapter else previous
+        healthy = wait_until_healthy(self.target.state, base, self.cfg.deploy_timeout_s, fail_fast=False, applied_at=t)
         if not healthy.ok:
             return f"ROLLBACK NOT HEALTHY: {healthy.reason}"
-        answer = wait_until_answering(self.base_url, self.serve_cfg.served_model_id, previous.label,
-                                      self.cfg.smoke_prompt, self.cfg.smoke_timeout_s)
+        model_id, label, field = self._expect(previous)
+        answer = wait_until_answering(self.base_url, model_id, label, self.cfg.smoke_prompt, self.cfg.smoke_timeout_s,
+                                      field=field)
         mlflow.log_metric("rollback_s", time.time() - t)
         if not answer.ok:
             return f"ROLLBACK NOT ANSWERING: {answer.reason}"

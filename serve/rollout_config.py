@@ -42,6 +42,10 @@ class Config:
     model: str = ""
     """Registered model name; "" = the name in the serving config's `engine.model` (models:/NAME@alias)."""
     alias: str = DEFAULT_ALIAS
+    adapter: str = ""
+    """Follow this served LoRA adapter (a name in the serving config's `lora.adapters`) instead of the base: its
+    alias rolls the new adapter version into the running replicas in place (no engine restart); `model` is then
+    the adapter's registered model ("" = the name in its `lora.adapters` reference)."""
     serve_config: str = "configs/serve/tiny_cpu.yaml"
     """Serving YAML the app is rendered from (relative paths: from the working directory, then the project)."""
     serve_overrides: list[str] = field(default_factory=list)

@@ -10,13 +10,14 @@ version and pins that version in the rendered app, so what runs is explicit and 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pipelines.config import require
 from pipelines.ray_node import check_node_labels
-from serve.engine import EngineConfig
+from serve.engine import VLLM_LORA_RANKS, EngineConfig
 
 
 @dataclass
@@ -60,6 +61,50 @@ class AutoscalingConfig:
         if self.look_back_period_s is not None:
             out["look_back_period_s"] = self.look_back_period_s
         return out
+
+
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass
+class LoraServingConfig:
+    """LoRA adapters served by the same replicas as the base (issue 18). Clients name one as
+    `<served_model_id>:<name>` (Ray Serve LLM's convention); each response's `model` names the adapter version
+    that answered. The set is applied to running replicas in place (the deployment's `user_config`): a new
+    adapter version is loaded beside the old one and takes the name once it is loaded, with no engine restart."""
+
+    adapters: dict[str, str] = field(default_factory=dict)
+    """Client name -> adapter reference, normally an alias (`arith: models:/rayline-tiny-arith@champion`);
+    deploying pins each to one version, checked against the base first."""
+    max_adapters: int = 0
+    """Adapters one replica can serve at once; 0 = as many as `adapters` lists (LoRA is off with none). It is fixed
+    when the engine starts: more adapters later need a restart."""
+    max_lora_rank: int = 16
+    """The largest adapter rank the engines accept (one of vLLM's: 1, 8, 16, 32, 64, 128, 256, 320, 512)."""
+
+    def __post_init__(self) -> None:
+        for name, ref in self.adapters.items():
+            require(bool(ADAPTER_NAME.match(str(name))), f"lora.adapters.{name}",
+                    "an adapter name is letters, digits, '.', '_' or '-' (clients send `<served_model_id>:<name>`)")
+            require(isinstance(ref, str) and bool(ref.strip()), f"lora.adapters.{name}", "must name an adapter")
+        require(self.max_adapters >= 0, "lora.max_adapters", f"must be >= 0, got {self.max_adapters}")
+        require(self.max_adapters == 0 or self.max_adapters >= len(self.adapters), "lora.max_adapters",
+                f"{self.max_adapters} is fewer than the {len(self.adapters)} adapters listed")
+        require(self.max_lora_rank in VLLM_LORA_RANKS, "lora.max_lora_rank",
+                f"must be one of {list(VLLM_LORA_RANKS)} (vLLM's), got {self.max_lora_rank}")
+
+    @property
+    def slots(self) -> int:
+        """Adapters a replica serves (0: LoRA off)."""
+        return self.max_adapters or len(self.adapters)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """vLLM's LoRA arguments: one batch slot more than `slots` and twice the adapters in CPU memory, so a new
+        version loads beside the one it replaces while that one finishes its requests."""
+        if not self.slots:
+            return {}
+        return {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": self.slots + 1,
+                "max_cpu_loras": 2 * self.slots + 1}
 
 
 @dataclass
@@ -114,6 +159,8 @@ class Config:
     """Application runtime_env (on a cluster: working_dir, env_vars such as MLFLOW_TRACKING_URI)."""
     model_cache_dir: str = ""
     """Where MLflow-artifact checkpoints are downloaded; "" = ~/.cache/rayline/models."""
+    lora: LoraServingConfig = field(default_factory=LoraServingConfig)
+    """LoRA adapters of the base served by the same replicas (ingress: engine)."""
 
     def __post_init__(self) -> None:
         require(bool(self.app_name.strip()), "app_name", "must not be empty")
@@ -129,6 +176,10 @@ class Config:
         require(0 <= self.http_port < 65536, "http_port", f"must be a TCP port or 0, got {self.http_port}")
         require(self.health_check_period_s > 0 and self.health_check_timeout_s > 0, "health_check_period_s",
                 "health check period and timeout must be > 0")
+        require(not self.lora.slots or self.ingress == "engine", "lora",
+                "adapters are served with ingress: engine (the replica's own OpenAI app)")
+        require(":" not in self.served_model_id or not self.lora.slots, "served_model_id",
+                "must not contain ':' when adapters are served (clients send `<served_model_id>:<adapter>`)")
 
     def resolved_http_port(self) -> int:
         """`http_port`, or the local stack's Serve port (RAYLINE_SERVE_URL), or 8000."""

@@ -66,13 +66,14 @@ def wait_until_healthy(
 
 
 def wait_until_answering(base_url: str, model_id: str, expected_label: str, prompt: str, timeout_s: float,
-                         poll_s: float = 0.5) -> VerifyOutcome:
-    """Send smoke requests until one is answered with `system_fingerprint == expected_label`."""
+                         poll_s: float = 0.5, field: str = "system_fingerprint") -> VerifyOutcome:
+    """Send smoke requests until one is answered with `field` (the base's version in `system_fingerprint`, an
+    adapter's versioned name in `model`) equal to `expected_label`."""
     start = time.time()
     last = ""
     while time.time() - start < timeout_s:
         try:
-            fp = smoke_request(base_url, model_id, prompt, timeout_s=min(30.0, timeout_s)).get("system_fingerprint")
+            fp = smoke_request(base_url, model_id, prompt, timeout_s=min(30.0, timeout_s)).get(field)
             if fp == expected_label:
                 return VerifyOutcome(True, seconds=time.time() - start)
             last = f"answered by {fp!r}, expected {expected_label!r}"

@@ -59,6 +59,12 @@ class Config:
     `task` and `sampling_params` (per-row overrides)."""
     output_uri: str
     """Directory (local or s3://) that receives the result Parquet files."""
+    adapters: list[str] = field(default_factory=list)
+    """PEFT LoRA adapters of engine.model (`models:/name/N`, `models:/name@alias`, s3:// or a local directory)
+    answered in the same pass by the same engines: every input row goes to the base and to each adapter, the
+    result rows' `model_version` says which answered, and eval mode scores and tags each version. Each is checked
+    against the base (shapes, targets, the base version it was trained on) before any engine starts; the engines
+    get LoRA on with a `max_lora_rank` that holds the largest."""
     mode: Literal["infer", "eval"] = "infer"
     """`eval` also computes metrics against the references and records them on the model version in MLflow."""
     input_format: Literal["auto", "jsonl", "parquet"] = "auto"
@@ -113,6 +119,10 @@ class Config:
         require(self.limit is None or self.limit >= 1, "limit", f"must be at least 1 or null, got {self.limit}")
         require(self.progress_every_s >= 0, "progress_every_s", f"must be >= 0, got {self.progress_every_s}")
         require(self.num_engines >= 1, "num_engines", f"must be at least 1, got {self.num_engines}")
+        for i, ref in enumerate(self.adapters):
+            require(isinstance(ref, str) and bool(ref.strip()), f"adapters[{i}]", "must name an adapter")
+            require(ref != self.engine.model, f"adapters[{i}]", "is engine.model itself (the base is always answered)")
+            require(ref not in self.adapters[:i], f"adapters[{i}]", f"{ref} is listed twice")
         check_node_labels(self.node_labels, "node_labels")
         require(self.batch_size >= 1, "batch_size", f"must be at least 1, got {self.batch_size}")
         if self.max_concurrent_batches is None:

@@ -6,6 +6,10 @@ same input, which is what Ray Data's job-level checkpoint (`ray.data.checkpoint`
 job started again after a crash skips the sources already written (pipeline.py). It also tells a user
 which line a refused row was, and `id`s, which users choose, may repeat.
 
+A job that also answers with adapters (`adapters`) reads every row once per model: each copy carries the model's
+label in `model_version` and in its source (`prompts.jsonl:3@rayline-tiny-arith/2`), so the checkpoint's key
+stays unique and a resumed job answers exactly the (row, model) pairs not written yet.
+
 JSONL is split on "\\n" only and decoded a line at a time: a line that is not UTF-8 becomes one refused row
 (text null), not a failed read, and a line separator inside a JSON string (U+2028) does not split a record,
 as Python's `splitlines` (Ray's `read_text`) would.
@@ -18,6 +22,7 @@ from pathlib import PurePosixPath
 from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray.data
@@ -26,7 +31,7 @@ from ray.data.datasource.file_based_datasource import FileBasedDatasource
 from pipelines import storage
 from serve import engine as eng
 from serve.batch.config import Config
-from serve.batch.rows import SOURCE_COLUMN
+from serve.batch.rows import MODEL_COLUMN, SOURCE_COLUMN
 
 JSONL_EXTENSIONS = ("jsonl", "json", "ndjson")
 READ_CHUNK_BYTES = 4 << 20
@@ -76,37 +81,46 @@ def read_blocks(cfg: Config, input_bytes: int) -> int:
     return max(2 * slots, min(200, math.ceil(input_bytes / eng.MiB)))
 
 
-def read_inputs(cfg: Config, fmt: str) -> ray.data.Dataset:
-    """The input rows, each with its `source`: `text` per JSONL line, or the Parquet row's own columns."""
+def read_inputs(cfg: Config, fmt: str, models: list[str] | None = None) -> ray.data.Dataset:
+    """The input rows, each with its `source`: `text` per JSONL line, or the Parquet row's own columns; with more
+    than one of `models` (labels), each row once per model, the label in `model_version`."""
     files = input_files(cfg, fmt)
     if not files:
         raise FileNotFoundError(f"input_uri {cfg.input_uri}: no {fmt} files under it")
     fs, root = storage.resolve(cfg.input_uri)
     paths = [storage.resolve(uri)[1] for uri in files]
-    source = PromptFiles(paths, root=root, fmt=fmt, filesystem=fs)
+    models = models if models and len(models) > 1 else None
+    # Copies made as the files are read, where Ray Data's job checkpoint filters the rows already written; a job
+    # with `limit` (never resumable) takes its first rows before they are copied.
+    source = PromptFiles(paths, root=root, fmt=fmt, models=None if cfg.limit else models, filesystem=fs)
+    remote_args = {"num_cpus": cfg.cpu_stage_num_cpus}
     ds = ray.data.read_datasource(
-        source, override_num_blocks=read_blocks(cfg, storage.total_bytes(cfg.input_uri)),
-        ray_remote_args={"num_cpus": cfg.cpu_stage_num_cpus},
+        source, override_num_blocks=read_blocks(cfg, storage.total_bytes(cfg.input_uri)), ray_remote_args=remote_args,
     )
-    return ds.limit(cfg.limit) if cfg.limit else ds
+    if not cfg.limit:
+        return ds
+    ds = ds.limit(cfg.limit)
+    return ds.map_batches(per_model, fn_args=(models,), batch_format="pyarrow", **remote_args) if models else ds
 
 
 def count_input_rows(cfg: Config, fmt: str) -> int:
-    """Rows the job will answer: Parquet footers' row counts, or JSONL lines (non-blank), capped by `limit`.
-    A Parquet file with a column named `source` is refused here, before any engine starts."""
+    """Rows the job will answer: Parquet footers' row counts, or JSONL lines (non-blank), capped by `limit`, once
+    per model (the base and each adapter). A Parquet file with a column named `source` (or `model_version`, in a
+    job with adapters) is refused here, before any engine starts."""
     total = 0
+    reserved = {SOURCE_COLUMN: "each result's input position (<file>#<row>)"}
+    if cfg.adapters:
+        reserved[MODEL_COLUMN] = "the model that answered each row"
     for uri in input_files(cfg, fmt):
         if fmt == "jsonl":
             total += _non_empty_lines(*storage.resolve(uri))
             continue
         meta = storage.parquet_metadata(uri)
-        if SOURCE_COLUMN in meta.schema.names:
-            raise ValueError(
-                f"{uri}: has a column `{SOURCE_COLUMN}`, the name rayline gives each result's input position "
-                f"(<file>#<row>); rename that column"
-            )
+        for name, what in reserved.items():
+            if name in meta.schema.names:
+                raise ValueError(f"{uri}: has a column `{name}`, the name rayline gives {what}; rename that column")
         total += meta.num_rows
-    return min(total, cfg.limit) if cfg.limit else total
+    return (min(total, cfg.limit) if cfg.limit else total) * (1 + len(cfg.adapters))
 
 
 def _non_empty_lines(fs, path: str, chunk: int = 8 << 20) -> int:
@@ -167,12 +181,25 @@ def parquet_rows(f, name: str) -> Iterator[pa.Table]:
         yield pa.Table.from_batches([batch]).append_column(SOURCE_COLUMN, sources)
 
 
-class PromptFiles(FileBasedDatasource):
-    """JSONL or Parquet prompt files -> rows with their `source` (streamed: a chunk or row group at a time)."""
+def per_model(block: pa.Table, models: list[str]) -> pa.Table:
+    """A block's rows once per model label, each copy's source suffixed `@<label>` and the label in
+    `model_version`."""
+    sources = block.column(SOURCE_COLUMN)
+    copies = []
+    for label in models:
+        copy = block.set_column(block.schema.get_field_index(SOURCE_COLUMN), SOURCE_COLUMN,
+                                pa.compute.binary_join_element_wise(sources, pa.scalar(label), "@"))
+        copies.append(copy.append_column(MODEL_COLUMN, pa.array([label] * block.num_rows, pa.string())))
+    return pa.concat_tables(copies)
 
-    def __init__(self, paths: list[str], *, root: str, fmt: str, **kwargs):
+
+class PromptFiles(FileBasedDatasource):
+    """JSONL or Parquet prompt files -> rows with their `source` (streamed: a chunk or row group at a time); with
+    `models`, each row once per model (per_model)."""
+
+    def __init__(self, paths: list[str], *, root: str, fmt: str, models: list[str] | None = None, **kwargs):
         super().__init__(paths, **kwargs)
-        self.root, self.fmt = root, fmt
+        self.root, self.fmt, self.models = root, fmt, models
 
     def _open_input_source(self, filesystem, path: str, **open_args):
         if self.fmt == "parquet":  # the footer is at the end: random access
@@ -181,4 +208,5 @@ class PromptFiles(FileBasedDatasource):
 
     def _read_stream(self, f, path: str) -> Iterator[pa.Table]:
         rows = parquet_rows if self.fmt == "parquet" else jsonl_rows
-        yield from rows(f, relative_name(path, self.root))
+        for block in rows(f, relative_name(path, self.root)):
+            yield per_model(block, self.models) if self.models else block

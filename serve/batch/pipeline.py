@@ -35,7 +35,9 @@ from serve.batch.inputs import count_input_rows, input_format, read_inputs
 from serve.batch.progress import ProgressReporter
 from serve.batch.resume import job_checkpoint, job_done, job_identity, prepare_output
 from serve.batch.rows import result_rows
+from serve.batch.rows import MODEL_COLUMN
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
+from serve.adapters import Adapter, lora_engine_kwargs, resolve_adapter
 
 @dataclass
 class Result:
@@ -58,6 +60,10 @@ class Result:
     resumed_rows: int = 0
     """Rows an interrupted earlier run of the job had written (kept, not answered again); the totals count
     them, the throughput figures do not."""
+    adapters: dict[str, dict[str, float]] = field(default_factory=dict)
+    """In a job with adapters: each adapter's label (`name/N`) -> its scores (eval mode) over the same rows as
+    `scores`, which are the base's; every other figure above counts all the models' rows together."""
+    adapter_eval_run_ids: dict[str, str] = field(default_factory=dict)
 
 
 def metric_tags(cfg: Config, info: eng.ModelInfo) -> dict[str, str]:
@@ -65,23 +71,30 @@ def metric_tags(cfg: Config, info: eng.ModelInfo) -> dict[str, str]:
     return {"run": storage.basename(cfg.output_uri), "model": info.label, "mode": cfg.mode}
 
 
-def engine_processor(cfg: Config, model_path: str, jsonl: bool = True):
+def engine_processor(cfg: Config, model_path: str, jsonl: bool = True, models: dict[str, str] | None = None,
+                     adapters: list[Adapter] = ()):
     """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py, whose
-    engine stage validates raw input rows (JSONL lines if `jsonl`, else Parquet rows). Built without importing
-    vLLM, torch or transformers' model code (serve/batch/driver_start.py), from the imports to the plan."""
+    engine stage validates raw input rows (JSONL lines if `jsonl`, else Parquet rows). With `adapters`, the
+    engines run LoRA and each row goes to the model its `model_version` names (`models`: label -> the base's
+    path or an adapter's directory). Built without importing vLLM, torch or transformers' model code
+    (serve/batch/driver_start.py), from the imports to the plan."""
     with plan_without_engine_imports():
-        return _engine_processor(cfg, model_path, jsonl)
+        return _engine_processor(cfg, model_path, jsonl, models, list(adapters))
 
 
-def _engine_processor(cfg: Config, model_path: str, jsonl: bool):
+def _engine_processor(cfg: Config, model_path: str, jsonl: bool, models: dict[str, str] | None,
+                      adapters: list[Adapter]):
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     from serve.batch.engine_stage import use_rayline_engine_stage
 
     e = cfg.engine
+    engine_kwargs = eng.vllm_engine_kwargs(e)
+    for name, value in lora_engine_kwargs(adapters).items():
+        engine_kwargs.setdefault(name, value)  # what engine_kwargs says wins
     config = vLLMEngineProcessorConfig(
         model_source=model_path,
-        engine_kwargs=eng.vllm_engine_kwargs(e),
+        engine_kwargs=engine_kwargs,
         placement_group_config=eng.placement_group_config(e),
         accelerator_type=e.accelerator_type,
         runtime_env=eng.runtime_env(e) or None,
@@ -112,15 +125,17 @@ def _engine_processor(cfg: Config, model_path: str, jsonl: bool):
             os.environ["RAY_ADDRESS"] = address
     use_rayline_engine_stage(processor, validator=dict(
         max_model_len=cfg.engine.max_model_len, sampling_defaults=cfg.sampling.as_params(), jsonl=jsonl,
+        models=models,
     ), node_labels=cfg.node_labels)
     return processor
 
 
-def run_pipeline(cfg: Config, fmt: str, model_path: str, info: eng.ModelInfo) -> None:
-    """Read (`fmt`: jsonl or parquet) -> validate + engine -> results -> Parquet at output_uri (blocks until
-    written)."""
-    ds = read_inputs(cfg, fmt)
-    ds = engine_processor(cfg, model_path, jsonl=fmt == "jsonl")(ds)
+def run_pipeline(cfg: Config, fmt: str, model_path: str, info: eng.ModelInfo, adapters: list[Adapter] = ()) -> None:
+    """Read (`fmt`: jsonl or parquet; each row once per model with `adapters`) -> validate + engine -> results ->
+    Parquet at output_uri (blocks until written)."""
+    models = {info.label: model_path, **{a.info.label: a.path for a in adapters}} if adapters else None
+    ds = read_inputs(cfg, fmt, list(models) if models else None)
+    ds = engine_processor(cfg, model_path, jsonl=fmt == "jsonl", models=models, adapters=adapters)(ds)
     ds = ds.map_batches(
         result_rows, fn_kwargs=dict(model_version=info.label, max_model_len=cfg.engine.max_model_len,
                                     metric_tags=metric_tags(cfg, info)),
@@ -142,20 +157,36 @@ def read_results(output_uri: str):
 
 
 def tally_results(output_uri: str, metrics: list[str], batch_rows: int = 65_536,
-                  skip: frozenset[str] = frozenset()) -> batch_metrics.Tally:
+                  skip: frozenset[str] = frozenset(), by_model: bool = False):
     """Totals and scores of the results under output_uri (less the files named in `skip`, relative), read a
     batch of rows at a time and only the columns they need: the driver's memory stays flat however large
-    the job."""
+    the job. With `by_model`: (the whole job's Tally, {model_version: that model's rows' Tally})."""
+    import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
     fs, path = storage.resolve(output_uri)
     files = [storage.resolve(storage.join(output_uri, rel))[1] for rel in sorted(storage.list_files(output_uri))
              if rel.endswith(".parquet") and rel not in skip]
-    tally = batch_metrics.Tally(metrics)
-    for batch in pads.dataset(files, filesystem=fs, format="parquet").to_batches(columns=tally.columns,
+    tally, per_model = batch_metrics.Tally(metrics), {}
+    columns = tally.columns + ([MODEL_COLUMN] if by_model else [])
+    for batch in pads.dataset(files, filesystem=fs, format="parquet").to_batches(columns=columns,
                                                                                    batch_size=batch_rows):
         tally.add(batch)
-    return tally
+        for label in pc.unique(batch.column(MODEL_COLUMN)).to_pylist() if by_model else ():
+            rows = batch.filter(pc.equal(batch.column(MODEL_COLUMN), label))
+            per_model.setdefault(label, batch_metrics.Tally(metrics)).add(rows)
+    return (tally, per_model) if by_model else tally
+
+
+def resolve_adapters(cfg: Config, model_path: str, info: eng.ModelInfo) -> list[Adapter]:
+    """cfg.adapters, each copied here and checked against the base before any engine starts."""
+    adapters = [resolve_adapter(ref, model_path, info, cfg.cache_dir, where=f"adapters[{i}]")
+                for i, ref in enumerate(cfg.adapters)]
+    labels = [info.label] + [a.info.label for a in adapters]
+    for i, a in enumerate(adapters):
+        if labels.index(a.info.label) != i + 1:
+            raise ValueError(f"adapters[{i}]: {cfg.adapters[i]} is {a.info.label}, which the job already answers with")
+    return adapters
 
 
 def main(cfg: Config) -> Result:
@@ -163,8 +194,10 @@ def main(cfg: Config) -> Result:
     started = time.perf_counter()
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
     eng.check_max_model_len(cfg.engine, model_path)
+    adapters = resolve_adapters(cfg, model_path, info)
     fmt = input_format(cfg)
-    resumed_rows = prepare_output(cfg, job_identity(cfg, fmt, info.label))
+    labels = [info.label] + [a.info.label for a in adapters]
+    resumed_rows = prepare_output(cfg, job_identity(cfg, fmt, ", ".join(labels)))
     earlier = frozenset(storage.list_files(cfg.output_uri)) if resumed_rows else frozenset()
     init_ray()
     planned = count_input_rows(cfg, fmt)
@@ -175,13 +208,14 @@ def main(cfg: Config) -> Result:
     with job_checkpoint(cfg):
         if cfg.progress_every_s:
             with ProgressReporter(cfg.output_uri, planned, cfg.progress_every_s):
-                run_pipeline(cfg, fmt, model_path, info)
+                run_pipeline(cfg, fmt, model_path, info, adapters)
         else:
-            run_pipeline(cfg, fmt, model_path, info)
+            run_pipeline(cfg, fmt, model_path, info, adapters)
     job_done(cfg)
     wall = time.perf_counter() - started
 
-    tally = tally_results(cfg.output_uri, cfg.metrics if cfg.mode == "eval" else [])
+    tallies = tally_results(cfg.output_uri, cfg.metrics if cfg.mode == "eval" else [], by_model=bool(adapters))
+    tally, per_model = tallies if adapters else (tallies, {info.label: tallies})
     t = tally.totals()
     # Throughput is this run's: the rows it wrote (an earlier run's engines ran on other clocks).
     now = tally_results(cfg.output_uri, [], skip=earlier).totals() if earlier else t
@@ -193,13 +227,18 @@ def main(cfg: Config) -> Result:
         resumed_rows=resumed_rows,
     )
     if cfg.mode == "eval":
-        result.scores = tally.scores()
-        counts = {
-            "rows": t.rows, "errors": t.errors, "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
-            "resumed_rows": resumed_rows, "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
-            **({"steady_output_tokens_per_s": result.steady_output_tokens_per_s} if now.engine_busy_s else {}),
-        }
-        result.eval_run_id = record_eval(cfg, info, result.scores, counts)
+        job = {"resumed_rows": resumed_rows, "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
+               **({"steady_output_tokens_per_s": result.steady_output_tokens_per_s} if now.engine_busy_s else {})}
+        for model in [info] + [a.info for a in adapters]:
+            own = per_model.get(model.label) or batch_metrics.Tally(cfg.metrics)
+            mt, scores = own.totals(), own.scores()
+            counts = {"rows": mt.rows, "errors": mt.errors, "prompt_tokens": mt.prompt_tokens,
+                      "output_tokens": mt.output_tokens, **job}
+            run_id = record_eval(cfg, model, scores, counts, compared=labels if adapters else None)
+            if model is info:
+                result.scores, result.eval_run_id = scores, run_id
+            else:
+                result.adapters[model.label], result.adapter_eval_run_ids[model.label] = scores, run_id
     print(summary(result, cfg, info))
     return result
 
@@ -215,8 +254,13 @@ def summary(r: Result, cfg: Config, info: eng.ModelInfo) -> str:
         f"  model:      {info.label}" + (f" ({info.ref})" if info.ref != info.label else ""),
         f"  output:     {r.output_uri}",
     ]
+    if r.adapters:
+        lines[3] += f" and {len(r.adapters)} adapter(s): {', '.join(r.adapters)}; each answered every row"
     if r.scores:
         scored = ", ".join(f"{m} {r.scores[m]:.4f}" for m in cfg.metrics)
         where = f"tags {EVAL_TAG_PREFIX}* on {info.label}" if info.name else "no version tags (not a registry model)"
         lines.append(f"  eval:       {scored} over {int(r.scores['scored_rows'])} rows; MLflow run {r.eval_run_id}, {where}")
+        for label, scores in r.adapters.items():
+            scored = ", ".join(f"{m} {scores[m]:.4f}" for m in cfg.metrics)
+            lines.append(f"    {label}: {scored}; MLflow run {r.adapter_eval_run_ids[label]}, tags {EVAL_TAG_PREFIX}* on it")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ import pyarrow as pa
 from pipelines import metrics as rayline_metrics
 
 SOURCE_COLUMN = "source"  # where an input row came from (serve/batch/inputs.py)
+MODEL_COLUMN = "model_version"  # which model answers the row, in a job with adapters (serve/batch/inputs.py)
 ERROR_COLUMN = "__inference_error__"  # ray.data.llm's per-row error column (processor/base.py, stages/base.py)
 ROLES = ("system", "user", "assistant")
 
@@ -130,13 +131,17 @@ class PromptValidator:
     context (`max_model_len` tokens, leaving at least one for output), or its sampling parameters are invalid.
     """
 
-    def __init__(self, model_path: str, max_model_len: int, sampling_defaults: dict[str, Any], jsonl: bool):
+    def __init__(self, model_path: str, max_model_len: int, sampling_defaults: dict[str, Any], jsonl: bool,
+                 models: dict[str, str] | None = None):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.max_model_len = max_model_len
         self.defaults = dict(sampling_defaults)
         self.jsonl = jsonl
+        self.models = models
+        """In a job with adapters: model label -> what Ray's engine stage reads from a request's `model` (the base's
+        path for the base, an adapter's local directory for a LoRA request)."""
 
     def requests(self, rows: Any) -> list[dict[str, Any]]:
         """A batch's raw rows (a list, or Ray Data's numpy array of dicts), each as its request or error row."""
@@ -144,11 +149,14 @@ class PromptValidator:
 
     def request(self, row: dict[str, Any]) -> dict[str, Any]:
         source = row.pop(SOURCE_COLUMN, None)
+        label = row.pop(MODEL_COLUMN, None) if self.models else None
         raw = (row.get("text") or "") if self.jsonl else json.dumps(row, sort_keys=True, default=str)
         out = {
             "id": row_id(row, raw), SOURCE_COLUMN: source, "task": None, "reference": None, "prompt": "",
             "tokenized_prompt": [], "prompt_tokens": 0, "sampling_params": dict(self.defaults), ERROR_COLUMN: "",
         }
+        if self.models:
+            out.update({MODEL_COLUMN: label, "model": self.models[label]})
         record: Any = row
         if self.jsonl:
             if row.get("text") is None:
@@ -205,8 +213,9 @@ def finish_reason(output_tokens: int, prompt_tokens: int, max_tokens: int, max_m
 
 
 def result_rows(batch: pa.Table, model_version: str, max_model_len: int, metric_tags: dict | None = None) -> pa.Table:
-    """Processor output (engine rows and pass-through error rows alike) -> RESULT_SCHEMA rows; with `metric_tags`,
-    also counts them in rayline's batch metrics (rows done, errors by code, output tokens)."""
+    """Processor output (engine rows and pass-through error rows alike) -> RESULT_SCHEMA rows, each with the
+    model that answered it (its own `model_version`, in a job with adapters, else `model_version`); with
+    `metric_tags`, also counts them in rayline's batch metrics (rows done, errors by code, output tokens)."""
     out: dict[str, list] = {name: [] for name in RESULT_SCHEMA.names}
     for row in batch.to_pylist():
         error = row.get(ERROR_COLUMN) or None
@@ -228,7 +237,7 @@ def result_rows(batch: pa.Table, model_version: str, max_model_len: int, metric_
             finish_reason(n_out, int(row.get("prompt_tokens") or 0), int(params.get("max_tokens") or 0), max_model_len)
             if ok else None
         )
-        out["model_version"].append(model_version)
+        out["model_version"].append(row.get(MODEL_COLUMN) or model_version)
         out["error"].append(error)
         # Engine-core clock (monotonic, one per node): first queued -> last token spans the engine's busy time.
         out["engine_start_s"].append(metrics.get("queued_ts") if ok and metrics.get("queued_ts") else None)

@@ -16,6 +16,8 @@ EVAL_TAG_PREFIX = "eval."
 TAG_MODEL_NAME = "rayline.model_name"
 TAG_MODEL_VERSION = "rayline.model_version"
 TAG_MODEL_REF = "rayline.model_ref"
+TAG_COMPARED = "rayline.eval_models"
+"""On each eval run of a job with adapters: every model the job answered with, on the same rows."""
 STAGE = "batch_infer"
 
 # Version tags copied onto the eval run so the run alone tells which data and base model it scored.
@@ -35,11 +37,19 @@ def run_tags(cfg, info: ModelInfo) -> dict[str, str]:
     return tags
 
 
-def record_eval(cfg, info: ModelInfo, scores: dict[str, float], counts: dict[str, float]) -> str:
-    """Log an eval run and tag the model version with its metrics; returns the run id."""
+def record_eval(cfg, info: ModelInfo, scores: dict[str, float], counts: dict[str, float],
+                compared: list[str] | None = None) -> str:
+    """Log an eval run and tag the model version with its metrics; returns the run id. In a job that answered
+    with several models at once (`compared`: their labels), each gets a run of its own, named after it and tagged
+    with the others (TAG_COMPARED)."""
     import mlflow  # here, not at the top: an infer-mode driver never needs it (pipelines/registry.py)
 
-    with registry.start_run(cfg.mlflow_experiment, cfg.run_name or f"eval-{info.label}", tags=run_tags(cfg, info)) as run:
+    name = cfg.run_name or "eval"
+    name = f"{name}-{info.label}" if compared or not cfg.run_name else name
+    tags = run_tags(cfg, info)
+    if compared:
+        tags[TAG_COMPARED] = ", ".join(compared)
+    with registry.start_run(cfg.mlflow_experiment, name, tags=tags) as run:
         params = {k: v for k, v in flatten(cfg).items() if v is not None}
         # MLflow params are short strings; long values (engine_kwargs blobs) are cut rather than refused.
         mlflow.log_params({k: str(v)[:500] for k, v in params.items()})

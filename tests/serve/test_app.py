@@ -108,3 +108,34 @@ def test_gpu_example_renders_for_a_pod(monkeypatch):
 def test_config_errors_name_the_file_and_field(override, field):
     with pytest.raises(ConfigError, match=r"configs/serve/tiny_cpu\.yaml: " + re.escape(field)):
         load_config(Config, "configs/serve/tiny_cpu.yaml", override)
+
+
+def test_adapters_go_in_the_engine_deployment_s_user_config(cfg):
+    """Not in `args`: a changed user_config reaches the running replicas (reconfigure) without a restart."""
+    from serve.app import adapters_of
+
+    lora = replace(cfg, lora=from_dict(type(cfg.lora), {"adapters": {"arith": "models:/rayline-tiny-arith@champion"},
+                                                         "max_adapters": 3}))
+    offline = render_serve_config(lora)
+    schema = ServeDeploySchema.model_validate(offline)
+    (deployment,) = schema.applications[0].deployments
+    assert deployment.name == "LLMServer:rayline"
+    assert adapters_of(offline["applications"][0]) == {"arith": {"ref": "models:/rayline-tiny-arith@champion"}}
+    pinned = {"arith": {"ref": "models:/rayline-tiny-arith/2", "source": "/a/2", "name": "rayline-tiny-arith",
+                        "version": "2", "label": "rayline-tiny-arith/2"}}
+    app = render_serve_config(lora, PINNED, pinned)["applications"][0]
+    assert adapters_of(app) == pinned and "adapters" not in str(app["args"]["model"])
+    # One batch slot beyond the adapters, twice them in CPU memory: a new version loads beside the old one.
+    assert lora.lora.engine_kwargs() == {"enable_lora": True, "max_lora_rank": 16, "max_loras": 4, "max_cpu_loras": 7}
+    assert cfg.lora.engine_kwargs() == {} and "deployments" not in render_serve_config(cfg, PINNED)["applications"][0]
+
+
+@pytest.mark.parametrize("lora, extra, field", [
+    ({"adapters": {"a b": "models:/x/1"}}, {}, "lora.adapters.a b"),
+    ({"adapters": {"a": "models:/x/1", "b": "models:/x/2"}, "max_adapters": 1}, {}, "lora.max_adapters"),
+    ({"max_lora_rank": 4, "max_adapters": 1}, {}, "lora.max_lora_rank"),
+    ({"adapters": {"a": "models:/x/1"}}, {"ingress": "deployment"}, "lora"),
+])
+def test_lora_config_errors_name_the_field(lora, extra, field):
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        from_dict(Config, {"engine": {"model": "m"}, "lora": lora, **extra})

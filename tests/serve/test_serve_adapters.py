@@ -1,0 +1,185 @@
+"""Serving LoRA adapters beside their base (issue 18): one replica answers the base and two adapters, each request
+with the adapter it names; a new adapter version takes over in place, with no replica restart and no failed
+request.
+
+The app is deployed through the real entry point (`python -m pipelines.serve`) on the test stack's Serve, real vLLM
+on CPU, with adapters written by peft and registered in MLflow as versions of their own (their base version in
+`rayline.base_model`); requests go over HTTP with the openai client.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pipelines import registry
+from pipelines.config import from_dict
+from serve.app import resolve_served_adapters, resolve_served_model
+from serve.deploy_target import LocalServe
+from serve.serve_config import Config as ServeConfig
+from tests.serve.lora_adapters import write_adapter
+from tests.serve.serving import deploy, register_fresh, serve_config_dict
+
+BASE, ADAPTERS = "rayline-lora-base-test", "rayline-lora-adapter-test"
+APP, PREFIX = "rayline-test-lora", "/lora-test"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+@pytest.fixture(scope="module")
+def app(local_stack, tiny_model_dir, tmp_path_factory):
+    """The app serving the base, `a` (adapter version 1) and `b` (version 2); version 3 (another `a`) is waiting."""
+    (base_version,) = register_fresh(BASE, [(str(tiny_model_dir), {})])
+    registry.set_alias(BASE, "champion", base_version)
+    root = tmp_path_factory.mktemp("served-adapters")
+    tags = {registry.TAG_BASE_MODEL: f"models:/{BASE}/{base_version}", registry.TAG_ADAPTER: "lora"}
+    register_fresh(ADAPTERS, [(str(write_adapter(tiny_model_dir, root / f"v{seed}", seed)), tags) for seed in (1, 2, 3)])
+    cfg = {**serve_config_dict(APP, PREFIX, BASE),
+           "lora": {"adapters": {"a": f"models:/{ADAPTERS}/1", "b": f"models:/{ADAPTERS}/2"}, "max_lora_rank": 8}}
+    target = LocalServe(APP)
+    try:
+        deploy(cfg)
+        yield {"cfg": cfg, "target": target, "base": f"{BASE}/{base_version}",
+               "url": f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}/v1"}
+    finally:
+        target.delete()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    from openai import OpenAI
+
+    return OpenAI(base_url=app["url"], api_key="unused", max_retries=0, timeout=120)
+
+
+def ask(client, model: str, prompt: str = "What is 3 + 4?"):
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=8,
+                                          temperature=0)
+
+
+def test_each_request_is_answered_by_the_adapter_it_names(app, client):
+    prompts = ["What is 3 + 4?", "Is 9 even or odd?", "Name a fruit.", "What is 12 - 5?"]
+    answers = {}
+    for model in ("rayline", "rayline:a", "rayline:b"):
+        replies = [ask(client, model, p) for p in prompts]
+        answers[model] = [r.choices[0].message.content for r in replies]
+        if model == "rayline":
+            assert {r.system_fingerprint for r in replies} == {app["base"]} and {r.model for r in replies} == {"rayline"}
+        else:
+            assert {r.model for r in replies} == {f"{model}@{ADAPTERS}/{'1' if model.endswith('a') else '2'}"}
+    for one, other in (("rayline", "rayline:a"), ("rayline", "rayline:b"), ("rayline:a", "rayline:b")):
+        assert sum(x != y for x, y in zip(answers[one], answers[other])) >= 2, (one, other, answers)
+    # The same prompt again: the same answer (greedy), so the difference is the adapter's, not noise.
+    assert ask(client, "rayline:a", prompts[0]).choices[0].message.content == answers["rayline:a"][0]
+
+
+def test_models_lists_the_base_and_each_adapter_with_its_version(app, client):
+    cards = {m.id: m for m in client.models.list().data}
+    assert set(cards) == {"rayline", "rayline:a", "rayline:b"}
+    a = cards["rayline:a"].model_extra["metadata"]["rayline"]
+    assert (a["label"], a["ref"], a["adapter"]) == (f"{ADAPTERS}/1", f"models:/{ADAPTERS}/1", True)
+    assert cards["rayline"].model_extra["metadata"]["rayline"]["label"] == app["base"]
+    one = client.models.retrieve("rayline:b")
+    assert one.id == "rayline:b" and one.model_extra["metadata"]["rayline"]["label"] == f"{ADAPTERS}/2"
+
+
+def test_an_unknown_adapter_gets_an_openai_404(app):
+    body = json.dumps({"model": "rayline:nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    req = urllib.request.Request(f"{app['url']}/chat/completions", data=body.encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 404
+    error = json.loads(e.value.read())["error"]
+    assert "rayline:nope" in error["message"] and error["code"] == 404
+
+
+def test_an_adapter_that_does_not_fit_the_base_is_refused_before_deploying(app, tiny_model_dir, tmp_path):
+    import shutil
+
+    bad = shutil.copytree(tiny_model_dir, tmp_path / "full-model")  # a full model where an adapter belongs
+    cfg = from_dict(ServeConfig, {**app["cfg"], "lora": {"adapters": {"a": str(bad)}, "max_lora_rank": 8}})
+    served = resolve_served_model(cfg.engine.model)
+    with pytest.raises(ValueError, match=r"lora.adapters.a: .* is not a PEFT adapter"):
+        resolve_served_adapters(cfg, served)
+
+
+def rollout_of(app, adapter: str):
+    from serve.rollout import Rollout
+    from serve.rollout_config import Config as RolloutConfig
+
+    cfg = from_dict(RolloutConfig, {"adapter": adapter, "alias": "champion", "gate": {"min_metrics": {}},
+                                    "smoke_timeout_s": 60, "deploy_timeout_s": 120})
+    return Rollout(cfg, serve_cfg=from_dict(ServeConfig, app["cfg"]), target=app["target"])
+
+
+def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request(app, client):
+    """`champion` on adapter version 3 rolls it out behind `rayline:a` while requests keep coming: the replica
+    stays (same id), no request fails, the new version answers within seconds, and the rollout run records it."""
+    from serve.rollout import DEPLOYED
+
+    target = app["target"]
+    replicas = {r["replica_id"] for r in target.replicas() if r["state"] == "RUNNING"}
+    rollout = rollout_of(app, "a")
+    registry.set_alias(ADAPTERS, "champion", "3")
+    seen, failures, stop = [], [], threading.Event()
+
+    def load():
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                seen.append((started, time.monotonic(), ask(client, "rayline:a").model))
+            except Exception as e:  # any failed request fails the test
+                failures.append(repr(e))
+
+    workers = [threading.Thread(target=load) for _ in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(2)
+        begun = time.monotonic()
+        result = rollout.once("test")
+        time.sleep(1)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(60)
+    assert result.status == DEPLOYED, result.line()
+    assert (result.version, result.previous_version) == ("3", "1")
+    switched = min(end for _, end, m in seen if m.endswith("/3")) - begun
+    print(f"adapter rollout: {result.line()}; version 3 answering {switched:.1f} s after it began; "
+          f"{len(seen)} requests")
+    assert not failures, failures[:3]
+    run = registry.client().get_run(result.run_id)
+    assert run.data.metrics["switch_s"] <= 10.0 and switched <= 15.0
+    after = [m for start, _, m in seen if start > begun + switched]  # sent once version 3 had answered
+    assert after and set(after) == {f"rayline:a@{ADAPTERS}/3"}  # once switched, never back
+    assert {r["replica_id"] for r in target.replicas() if r["state"] == "RUNNING"} == replicas
+    assert ask(client, "rayline:b").model == f"rayline:b@{ADAPTERS}/2"  # the other adapter untouched
+
+
+def test_a_broken_adapter_is_refused_at_the_gate_and_the_alias_rolls_back(app, client, tmp_path):
+    from serve.adapter_check import ADAPTER_WEIGHTS
+    from serve.rollout import REJECTED
+
+    served_before = ask(client, "rayline:a").model
+    version_before = served_before.rsplit("/", 1)[1]
+    good = registry.client().get_model_version(ADAPTERS, "1").tags[registry.TAG_CHECKPOINT_URI]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in Path(good).iterdir():
+        if f.name != ADAPTER_WEIGHTS:
+            (broken / f.name).write_bytes(f.read_bytes())
+    with registry.start_run("rayline-tests", "register-broken-adapter") as run:
+        mv = registry.register_checkpoint(ADAPTERS, str(broken), run_id=run.info.run_id, tags={
+            registry.TAG_BASE_MODEL: registry.client().get_model_version(ADAPTERS, "1").tags[registry.TAG_BASE_MODEL]})
+    registry.set_alias(ADAPTERS, "champion", mv.version)
+    result = rollout_of(app, "a").once("test")
+    assert result.status == REJECTED and f"{ADAPTER_WEIGHTS} is missing" in result.reason, result.line()
+    assert registry.get_alias(ADAPTERS, "champion").version == version_before  # the alias is back
+    assert ask(client, "rayline:a").model == served_before  # serving untouched
