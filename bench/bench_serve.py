@@ -151,13 +151,14 @@ class VllmServer:
 class RaylineApp:
     """The rayline Serve app (serving config `SERVE` + the same engine) deployed on the local stack."""
 
-    def __init__(self, model_dir: Path, engine_cfg: eng.EngineConfig, overrides: dict | None = None):
+    def __init__(self, model_dir: Path, engine_cfg: eng.EngineConfig, overrides: dict | None = None,
+                 adapters: dict | None = None):
         self.cfg = from_dict(ServeConfig, {**SERVE, **(overrides or {}), "engine": to_dict(engine_cfg)})
-        model = ServedModel(source=str(model_dir), ref=str(model_dir))
+        model = self.model = ServedModel(source=str(model_dir), ref=str(model_dir))
         self.target = LocalServe(self.cfg.app_name)
         self.url = self.cfg.base_url()
         start = time.time()
-        self.target.apply(render_serve_config(self.cfg, model))
+        self.target.apply(render_serve_config(self.cfg, model, adapters))
         healthy = wait_until_healthy(self.target.state, model, 900, fail_fast=False, applied_at=start)
         answer = healthy.ok and wait_until_answering(self.url, self.cfg.served_model_id, model.label, "hi", 120).ok
         if not answer:
@@ -348,11 +349,12 @@ def main(argv: list[str] | None = None) -> dict:
     return {"results": results, "setups": setups, "rollout_s": rollout_s, "ratios": ratios}
 
 
-def timed_load(server, concurrency: int, args) -> tuple[LoadResult, int | None]:
-    """One load run on a server, and how many of its engine's threads were busy during it (None: no engine)."""
+def timed_load(server, concurrency: int, args, model: str = "rayline") -> tuple[LoadResult, int | None]:
+    """One load run on a server (requests naming `model`), and how many of its engine's threads were busy during
+    it (None: no engine)."""
     engine_pid = server.engine_pid()
     before = thread_times(engine_pid) if engine_pid else {}
-    result = run_load(server.url, concurrency, args.requests, args.max_tokens)
+    result = run_load(server.url, concurrency, args.requests, args.max_tokens, model)
     return result, busy_threads(before, thread_times(engine_pid)) if engine_pid else None
 
 

@@ -39,9 +39,9 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
 
 
-async def _one(client, url: str, prompt: str, max_tokens: int) -> tuple[float, int]:
+async def _one(client, url: str, prompt: str, max_tokens: int, model: str) -> tuple[float, int]:
     """One streamed completion -> (time to first token, output tokens)."""
-    body = {"model": "rayline", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     start, ttft, last = time.perf_counter(), None, ""
     async with client.stream("POST", f"{url}/completions", json=body) as r:
@@ -56,7 +56,7 @@ async def _one(client, url: str, prompt: str, max_tokens: int) -> tuple[float, i
     return ttft or float("nan"), int(usage.get("completion_tokens", 0))
 
 
-async def _load(url: str, concurrency: int, requests: int, max_tokens: int) -> LoadResult:
+async def _load(url: str, concurrency: int, requests: int, max_tokens: int, model: str) -> LoadResult:
     import httpx
 
     prompts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(32)) for i in range(requests)]
@@ -71,7 +71,7 @@ async def _load(url: str, concurrency: int, requests: int, max_tokens: int) -> L
             while not queue.empty():
                 prompt = queue.get_nowait()
                 try:
-                    ttft, n = await _one(client, url, prompt, max_tokens)
+                    ttft, n = await _one(client, url, prompt, max_tokens, model)
                     ttfts.append(ttft)
                     tokens.append(n)
                 except Exception:
@@ -84,6 +84,7 @@ async def _load(url: str, concurrency: int, requests: int, max_tokens: int) -> L
                       ttfts, sum(tokens), wall)
 
 
-def run_load(url: str, concurrency: int, requests: int, max_tokens: int) -> LoadResult:
-    asyncio.run(_load(url, min(4, concurrency), min(8, requests), 16))  # warm-up: connections, caches
-    return asyncio.run(_load(url, concurrency, requests, max_tokens))
+def run_load(url: str, concurrency: int, requests: int, max_tokens: int, model: str = "rayline") -> LoadResult:
+    """`model`: what the requests name (`rayline`, or a served LoRA adapter such as `rayline:a`)."""
+    asyncio.run(_load(url, min(4, concurrency), min(8, requests), 16, model))  # warm-up: connections, caches
+    return asyncio.run(_load(url, concurrency, requests, max_tokens, model))

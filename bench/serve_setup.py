@@ -86,7 +86,15 @@ def resolve_scheduler(logs: dict[str, Path]) -> dict[str, dict]:
     for name, path in logs.items():
         found = re.search(r"non-default args: (\{.*\})", path.read_text(errors="replace"))
         if found:
-            given[name] = ast.literal_eval(found.group(1))
+            # Values that are not literals (`lora_modules=[LoRAModulePath(...)]`) are left out: none is a
+            # scheduler argument.
+            logged = ast.parse(found.group(1), mode="eval").body
+            given[name] = {}
+            for key, value in zip(logged.keys, logged.values):
+                try:
+                    given[name][ast.literal_eval(key)] = ast.literal_eval(value)
+                except ValueError:
+                    continue
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), json.dumps(given)],
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SCHEDULER ")]

@@ -106,6 +106,28 @@ def build_tiny_model(out: str | Path, size: str = "tiny", seed: int = 0) -> Path
     return out
 
 
+def build_adapter(base_dir: str | Path, out: str | Path, seed: int | None = None, rank: int = 4,
+                  targets: tuple[str, ...] = ("q_proj", "v_proj")) -> Path:
+    """A PEFT LoRA adapter of the model at `base_dir`, written by peft to `out`: peft's own initialisation (lora_B
+    zero: it changes nothing) when `seed` is None, else random lora_A and lora_B (normal, std 0.5) from `seed`,
+    large enough to change the answers. For tests and benchmarks of the LoRA path (no training needed)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed or 0)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets), task_type="CAUSAL_LM",
+                        init_lora_weights=seed is None)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), config)
+    if seed is not None:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_" in name:
+                    param.normal_(0, 0.5)
+    model.save_pretrained(out)
+    return Path(out)
+
+
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)

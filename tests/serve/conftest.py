@@ -15,7 +15,8 @@ import yaml
 
 from pipelines import registry
 from serve.deploy_target import LocalServe
-from tests.serve.serving import SERVED_APP, SERVED_MODEL, SERVED_PREFIX, register_fresh, serve_config_dict
+from tests.serve.serving import (SERVED_APP, SERVED_MODEL, SERVED_PREFIX, openai_client, register_fresh,
+                                 serve_config_dict)
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +40,4 @@ def served(local_stack, tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def client(served):
-    from openai import OpenAI
-
-    return OpenAI(base_url=served["base_url"], api_key="unused", max_retries=0, timeout=120)
+    return openai_client(served["base_url"])

@@ -41,6 +41,13 @@ def serve_config_dict(app: str, prefix: str, model: str) -> dict:
             "ingress_cpus": 0.05, "graceful_shutdown_timeout_s": 10}
 
 
+def openai_client(base_url: str):
+    """The `openai` client the serving tests use: no retries (a failure must show), 120 s per request."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+
+
 def register_fresh(name: str, checkpoints: list[tuple[str, dict]]) -> list[str]:
     """Register `name` anew (earlier sessions' versions removed) with one version per (path, tags); returns versions."""
     c = registry.client()

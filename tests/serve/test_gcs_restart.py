@@ -40,7 +40,7 @@ def gcs_stack(tmp_path_factory):
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        stack.down(cfg)
+        stack.down(cfg, grace_s=2)  # a test stack: nothing to keep
 
 
 @pytest.mark.slow

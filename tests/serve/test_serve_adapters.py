@@ -24,7 +24,7 @@ from serve.app import resolve_served_adapters, resolve_served_model
 from serve.deploy_target import LocalServe
 from serve.serve_config import Config as ServeConfig
 from tests.serve.lora_adapters import write_adapter
-from tests.serve.serving import deploy, register_fresh, serve_config_dict
+from tests.serve.serving import deploy, openai_client, register_fresh, serve_config_dict
 
 BASE, ADAPTERS = "rayline-lora-base-test", "rayline-lora-adapter-test"
 APP, PREFIX = "rayline-test-lora", "/lora-test"
@@ -52,9 +52,7 @@ def app(local_stack, tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(app):
-    from openai import OpenAI
-
-    return OpenAI(base_url=app["url"], api_key="unused", max_retries=0, timeout=120)
+    return openai_client(app["url"])
 
 
 def ask(client, model: str, prompt: str = "What is 3 + 4?"):

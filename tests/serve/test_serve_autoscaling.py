@@ -50,7 +50,7 @@ def autoscaling_stack(tmp_path):
         os.environ.clear()
         os.environ.update(saved)
         pids = stack._read_state(cfg.state).get("pids", {})
-        stack.down(cfg)
+        stack.down(cfg, grace_s=2)  # a test stack: nothing to keep
         assert not any(stack.pid_alive(p) for p in pids.values())
 
 
