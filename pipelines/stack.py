@@ -33,7 +33,7 @@ from pipelines import gcs_store, objectstore, prometheus, stack_parts
 from pipelines.config import ConfigError, apply_overrides, from_dict, to_dict
 from pipelines.processes import (kill_session_and_wait, pid_alive, process_name, ray_session_dir,
                                  session_members)
-from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_name
+from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_name, worker_node_ports
 from pipelines.stack_config import PROJECT_ROOT, StackConfig
 from pipelines.stack_parts import env_vars, ray_token, ray_token_path, runs_prometheus
 
@@ -172,6 +172,8 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
             if not pid_alive(data["pids"].get(name, -1)):
                 label = name.removeprefix("ray-")
                 lost = node_ids(cfg).get(label, set()) if part == "nodes" else set()
+                if part == "nodes" and name in data["pids"]:
+                    _clear_lost_node(cfg, data["pids"][name], int(label.removeprefix("worker-")))
                 data["pids"][name] = _spawn(state, name, argv, env)
                 started.append(name)
                 if part == "nodes":
@@ -195,10 +197,21 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
     return {"started": started, "state_dir": str(state), "notes": notes}
 
 
+def _clear_lost_node(cfg: StackConfig, old_pid: int, i: int, timeout_s: float = 30.0) -> None:
+    """Before worker node i starts again: whatever its lost predecessor (session `old_pid`) left is killed, and its
+    fixed ports are free. A node killed from inside (a fault that SIGKILLs its own session) may still be dying
+    when `up` runs, and a raylet whose agent finds its port taken gives up ("port conflict")."""
+    kill_session_and_wait(old_pid)
+    deadline = time.time() + timeout_s
+    while any(port_busy(p) for p in worker_node_ports(cfg, i).values()) and time.time() < deadline:
+        time.sleep(0.2)
+
+
 def _join_node(cfg: StackConfig, state: Path, data: dict, spec: tuple, deadline: float, joined) -> list[str]:
-    """Wait until a worker node joined; start it again, as a pod's container restarts, when its `ray start` gave up
-    first. Ray gives a raylet 30 s (hard-coded) to register with the GCS, and on a box whose CPUs are all busy
-    (engines at work on the other nodes) its agents may need longer to start. Returns why it was restarted."""
+    """Wait until a worker node joined; start it again, as a pod's container restarts, when its `ray start` exited
+    first, until `deadline`. Ray gives a raylet 30 s (hard-coded) to register with the GCS, and on a box whose CPUs
+    are all busy (engines at work on the other nodes) its agents may need longer to start. Returns why it was
+    restarted (the last lines of each failed start's log)."""
     name, argv, env = spec
     restarts = []
     while True:
@@ -206,10 +219,12 @@ def _join_node(cfg: StackConfig, state: Path, data: dict, spec: tuple, deadline:
             _wait_healthy(cfg, "nodes", [spec], data, deadline, joined)
             return restarts
         except RuntimeError as e:
-            if time.time() > deadline or "timed out during startup" not in str(e):
+            if time.time() > deadline or " exited;" not in str(e):
                 raise
-            restarts.append("its raylet missed Ray's 30 s registration window")
-            kill_session_and_wait(data["pids"][name])  # what the failed start left
+            why = str(e).rsplit("\n", 1)[-1].strip()
+            restarts.append("its raylet missed Ray's 30 s registration window" if "timed out during startup" in str(e)
+                            else why)
+            _clear_lost_node(cfg, data["pids"][name], int(name.rsplit("-", 1)[1]))  # what the failed start left
             data["pids"][name] = _spawn(state, name, argv, env)
             _write_state(state, data)
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from pipelines import registry, storage
 from serve import engine as eng
-from serve.adapter_check import ADAPTER_CONFIG, adapter_problems
 
 
 
@@ -36,6 +35,8 @@ def resolve_adapter(ref: str, base_path: str, base: eng.ModelInfo, cache_dir: st
     checked against the base checkpoint at `base_path` (files, rank, target modules, every weight's shape) and,
     when both are registry versions, against the base version the adapter was trained on. `where` names the
     config field in errors."""
+    from serve.adapter_check import ADAPTER_CONFIG, adapter_problems  # here: it imports torch (a batch driver must not)
+
     local, info = eng.resolve_checkpoint(ref, cache_dir)
     if not (Path(local) / ADAPTER_CONFIG).is_file():
         full = (Path(local) / "config.json").is_file()
@@ -45,8 +46,8 @@ def resolve_adapter(ref: str, base_path: str, base: eng.ModelInfo, cache_dir: st
     if base.name and base.version and trained_on.startswith("models:/"):
         name, version, _ = registry.parse_model_ref(trained_on)
         if (name, version) != (base.name, base.version):
-            raise AdapterError(f"{where}: {info.label} was trained on {trained_on}, but engine.model is "
-                               f"{base.label}; evaluate it with engine.model: {trained_on}")
+            raise AdapterError(f"{where}: {info.label} was trained on {trained_on}, but the base here is "
+                               f"{base.label}")
     problems = adapter_problems(local, base_path, max_lora_rank)
     if problems:
         raise AdapterError(f"{where}: {ref} does not fit the base {base.label}: " + "; ".join(problems))

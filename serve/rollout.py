@@ -28,7 +28,8 @@ from pipelines.config import load_config
 from pipelines.ray_cluster import init_ray, ray_job_id
 from serve import rollout_record as rec
 from serve.adapters import resolve_adapter
-from serve.app import ServedModel, adapters_of, render_serve_config, resolve_served_model, served_model_of
+from serve.app import (ServedModel, adapters_of, render_serve_config, resolve_served_adapters, resolve_served_model,
+                       served_model_of)
 from serve.deploy_target import DeployError, KubeRayService, LocalServe
 from serve.gate import gate_problems, metric_problems
 from serve.rollout_config import Config
@@ -85,6 +86,7 @@ class Rollout:
             raise ValueError(f"model: not given, and the serving config's {where} ({ref}) is not a models:/ reference")
         self.name = cfg.model or registry.parse_model_ref(ref)[0]
         self.client_name = f"{self.serve_cfg.served_model_id}:{cfg.adapter}" if cfg.adapter else ""
+        self._adapters_for_base: dict | None = None  # the served adapters, pinned by the gate onto a new base
         if target is None:
             k = cfg.kubernetes
             target = (KubeRayService(self.serve_cfg.app_name, k.name, k.namespace) if cfg.target == "kubernetes"
@@ -147,9 +149,10 @@ class Rollout:
                            version=spec.get("version")) if spec else None
 
     def _render(self, previous_app: dict, served: ServedModel) -> dict:
-        """The app config serving `served`: pinned to it, or (an adapter) the running app with it swapped in."""
+        """The app config serving `served`: pinned to it (with the adapters the gate pinned onto it), or (an
+        adapter) the running app with it swapped in."""
         if not self.cfg.adapter:
-            return render_serve_config(self.serve_cfg, served)
+            return render_serve_config(self.serve_cfg, served, self._adapters_for_base)
         adapters = {**adapters_of(previous_app), self.cfg.adapter: {
             "ref": served.ref, "source": served.source, "name": served.name, "version": served.version,
             "label": served.label}}
@@ -164,7 +167,16 @@ class Rollout:
                                           alias=self.cfg.alias)
         except (LookupError, OSError, ValueError, MlflowException) as e:
             return None, [f"checkpoint of {name}/{version} cannot be resolved: {e}"]
-        return served, gate_problems(tags, served.source, self.cfg.gate)
+        problems = gate_problems(tags, served.source, self.cfg.gate)
+        self._adapters_for_base = None
+        if self.serve_cfg.lora.adapters and not problems:
+            # The served adapters must fit the new base too (each was trained on one base version): refused here,
+            # not by replicas failing to load them after the deploy.
+            try:
+                self._adapters_for_base = resolve_served_adapters(self.serve_cfg, served)
+            except (LookupError, OSError, ValueError, MlflowException) as e:
+                problems.append(f"{e}; point that adapter's alias at one trained on {name}/{version} first")
+        return served, problems
 
     def _gate_adapter(self, name: str, version: str, tags: dict[str, str]) -> tuple[ServedModel | None, list[str]]:
         """The adapter version's eval tags, and the adapter against the base the app serves (files, rank within

@@ -76,7 +76,7 @@ def worker_nodes(local_stack):
     try:
         yield cfg
     finally:
-        stack.down(cfg, grace_s=2, parts=["nodes"])  # test nodes: nothing to shut down cleanly
+        stack.down(cfg, parts=["nodes"])
 
 
 @pytest.fixture(scope="session")

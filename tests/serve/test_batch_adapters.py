@@ -121,7 +121,7 @@ def test_an_adapter_of_another_base_version_is_refused_before_any_engine(models,
         other = registry.register_checkpoint(f"{name}-lora", str(adapters["a"][1]), run_id=run.info.run_id,
                                              tags={registry.TAG_BASE_MODEL: f"models:/{name}/99"})
     with pytest.raises(AdapterError, match=rf"adapters\[0\]: {name}-lora/{other.version} was trained on "
-                                           rf"models:/{name}/99, but engine.model is {name}/1"):
+                                           rf"models:/{name}/99, but the base here is {name}/1"):
         main(job(models, prompts, str(tmp_path / "out"), [f"models:/{name}-lora/{other.version}"]))
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -181,3 +181,21 @@ def test_a_broken_adapter_is_refused_at_the_gate_and_the_alias_rolls_back(app, c
     assert result.status == REJECTED and f"{ADAPTER_WEIGHTS} is missing" in result.reason, result.line()
     assert registry.get_alias(ADAPTERS, "champion").version == version_before  # the alias is back
     assert ask(client, "rayline:a").model == served_before  # serving untouched
+
+
+def test_a_new_base_the_served_adapters_were_not_trained_on_is_refused_at_the_gate(app, client, tiny_model_dir):
+    """Promoting another base version while adapters of version 1 are served: refused before any deploy (the
+    adapters would not load onto it), the alias goes back, the app serves on untouched."""
+    from serve.rollout import REJECTED, Rollout
+    from serve.rollout_config import Config as RolloutConfig
+
+    with registry.start_run("rayline-tests", "register-second-base") as run:
+        mv = registry.register_checkpoint(BASE, str(tiny_model_dir), run_id=run.info.run_id)
+    registry.set_alias(BASE, "champion", mv.version)
+    rollout = Rollout(from_dict(RolloutConfig, {"alias": "champion", "gate": {"min_metrics": {}}}),
+                      serve_cfg=from_dict(ServeConfig, app["cfg"]), target=app["target"])
+    result = rollout.once("test")
+    assert result.status == REJECTED, result.line()
+    assert f"was trained on models:/{BASE}/1, but the base here is {BASE}/{mv.version}" in result.reason
+    assert registry.get_alias(BASE, "champion").version == app["base"].rsplit("/", 1)[1]
+    assert ask(client, "rayline").system_fingerprint == app["base"]

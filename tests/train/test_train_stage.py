@@ -9,6 +9,7 @@ that the job finished. The reference runs wherever Ray puts it: the curve must n
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from pathlib import Path
@@ -65,6 +66,12 @@ def faulted(make_train_config, start_stage, s3_bucket, worker_nodes, tmp_path_fa
     while not marker.exists() and started.proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     if marker.exists():
+        # The injector writes the marker, then SIGKILLs its node's session from inside. Make sure the whole node is
+        # gone before the replacement starts (the loss completed from outside, as the stack's kill_node does), or
+        # `up` may find it still healthy, start nothing, and the run waits for a node that never comes back.
+        lost = int(re.search(r"node worker-(\d+)", marker.read_text()).group(1))
+        if stack.pid_alive(stack._read_state(worker_nodes.state)["pids"].get(f"ray-worker-{lost}", -1)):
+            stack.kill_node(worker_nodes, lost)
         stack.up(worker_nodes, parts=["nodes"])
     run = started.finish(timeout=600)  # 2 min here alone
     assert run.returncode == 0 and run.result, str(run)
