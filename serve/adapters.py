@@ -28,6 +28,12 @@ class Adapter:
     info: eng.ModelInfo
     rank: int
 
+    def pinned(self) -> dict:
+        """The adapter as a serving `user_config` entry names it: {ref (one version), source, name, version, label}."""
+        i = self.info
+        ref = f"models:/{i.name}/{i.version}" if i.name and i.version else i.ref
+        return {"ref": ref, "source": self.path, "name": i.name, "version": i.version, "label": i.label}
+
 
 def resolve_adapter(ref: str, base_path: str, base: eng.ModelInfo, cache_dir: str | Path | None = None,
                     max_lora_rank: int = eng.VLLM_LORA_RANKS[-1], where: str = "adapters") -> Adapter:

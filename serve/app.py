@@ -84,9 +84,7 @@ def resolve_served_adapters(cfg: Config, model: ServedModel) -> dict[str, dict[s
     for name, ref in cfg.lora.adapters.items():
         a = resolve_adapter(ref, model.source, base, cfg.model_cache_dir or None, cfg.lora.max_lora_rank,
                             where=f"lora.adapters.{name}")
-        pinned = f"models:/{a.info.name}/{a.info.version}" if a.info.name and a.info.version else ref
-        out[name] = {"ref": pinned, "source": a.path, "name": a.info.name, "version": a.info.version,
-                     "label": a.info.label}
+        out[name] = a.pinned()
     return out
 
 

@@ -63,8 +63,7 @@ class AdapterSet:
                          version=self.base.get("version"))
         a = resolve_adapter(ref, self.base["source"], base, self.cache_dir or None, self.max_lora_rank,
                             where=f"lora.adapters.{name}")
-        pinned = f"models:/{a.info.name}/{a.info.version}" if a.info.name and a.info.version else ref
-        return {"ref": pinned, "source": a.path, "name": a.info.name, "version": a.info.version, "label": a.info.label}
+        return a.pinned()
 
     async def _load(self, name: str, spec: dict[str, Any]) -> None:
         from vllm.lora.request import LoRARequest
