@@ -137,7 +137,8 @@ class VllmServer:
         return engine_core_pid(self.proc.pid)
 
     def setup(self) -> dict:
-        return {**engine_setup(self.proc.pid, [self.log_path]), **{f"given {k}": v for k, v in self.env_given.items()}}
+        return {**engine_setup(self.proc.pid, [self.log_path]), "HTTP ingress": "the API server process (uvicorn)",
+                **{f"given {k}": v for k, v in self.env_given.items()}}
 
     def stop(self) -> None:
         os.killpg(self.proc.pid, signal.SIGTERM)  # its session: the server and its engine processes
@@ -197,10 +198,31 @@ class RaylineApp:
             return {"engine processes": f"no ServeReplica:{self.cfg.app_name} process with an EngineCore child"}
         given = eng.runtime_env(self.cfg.engine).get("env_vars", {})
         return {**engine_setup(replica, [Path(os.readlink(f"/proc/{replica}/fd/{fd}")) for fd in (1, 2)]),
-                **{f"given {k}": given.get(k, "unset") for k in THREAD_ENV}}
+                "HTTP ingress": serve_ingress(replica), **{f"given {k}": given.get(k, "unset") for k in THREAD_ENV}}
 
     def stop(self) -> None:
         self.target.delete()
+
+
+def serve_ingress(replica: int) -> str:
+    """How HTTP reaches the engine replica, read back: HAProxy in front of the replica's own HTTP server (Serve's
+    HAProxy mode, pipelines/ray_env.py) when a haproxy process runs on the replica's node, else Ray's
+    Python proxy actor."""
+    import psutil
+
+    def raylet(proc):  # the node a process runs on: its raylet ancestor
+        while proc is not None and proc.name() != "raylet":
+            proc = proc.parent()
+        return proc.pid if proc else None
+
+    node = raylet(psutil.Process(replica))
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if proc.info["name"] == "haproxy" and raylet(proc) == node:
+                return f"HAProxy (niceness {proc.nice()}) -> the replica's own HTTP server"
+        except psutil.Error:
+            continue
+    return "Ray Serve's proxy actor -> the replica"
 
 
 def bench_rollout(work: Path) -> float:

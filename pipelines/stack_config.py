@@ -9,6 +9,8 @@ from pathlib import Path
 from pipelines.config import require
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SERVE_REPLICA_PORTS = ((30000, 31000), (40000, 41000))
+"""Ray Serve 2.60's direct-ingress port ranges (HTTP, gRPC) on each node (RAY_SERVE_DIRECT_INGRESS_MIN/MAX_*)."""
 
 
 @dataclass
@@ -86,6 +88,15 @@ class StackConfig:
             port = getattr(self, name)
             require(not self.min_worker_port <= port <= self.max_worker_port, name,
                     f"{port} falls in the worker port range {self.min_worker_port}-{self.max_worker_port}")
+        # Serve's HAProxy mode (pipelines/ray_env.py) gives each ingress replica an HTTP port from 30000-31000 and a
+        # gRPC port from 40000-41000 on its node; Ray's worker processes must not take those.
+        ranges = [("min_worker_port", self.min_worker_port, self.max_worker_port)]
+        if self.nodes:
+            ranges.append(("node_port_base", self.node_port_base + 100, self.node_port_base + 100 * (self.nodes + 1) - 1))
+        for name, lo, hi in ranges:
+            for serve_lo, serve_hi in SERVE_REPLICA_PORTS:
+                require(hi < serve_lo or lo > serve_hi, name, f"ports {lo}-{hi} overlap {serve_lo}-{serve_hi}, where "
+                        "Serve's direct ingress gives replicas their ports")
 
     @property
     def state(self) -> Path:

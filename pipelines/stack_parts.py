@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipelines import gcs_store, objectstore, prometheus
 from pipelines.ray_autoscaler import head_autoscaler
-from pipelines.ray_env import SERVE_PROCESS_ENV
+from pipelines.ray_env import SERVE_PROCESS_ENV, local_serve_env
 from pipelines.ray_node import NODE_LABEL, worker_node_argv, worker_node_env, worker_node_name, worker_node_ports
 from pipelines.stack_config import PROJECT_ROOT, StackConfig
 
@@ -92,7 +92,8 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
     venv_bin = str(Path(python()).parent)
     ray_env = {**token_env, **LOOPBACK_ENV, "PYTHONPATH": str(PROJECT_ROOT),
                "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(Path(venv_bin).parent), "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port), **SERVE_PROCESS_ENV}
+               "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port), **SERVE_PROCESS_ENV,
+               **local_serve_env()}
     if cfg.s3:
         ray_env.update(objectstore.s3_env(cfg.s3_port))
     if runs_prometheus(cfg):

@@ -200,7 +200,11 @@ def test_worker_nodes_join_the_head_on_loopback(mini_cfg):
 
 @pytest.mark.parametrize("overrides, field", [({"nodes": -1}, "nodes"), ({"node_cpus": 0}, "node_cpus"),
                                               ({"nodes": 3, "node_port_base": 65300}, "node_port_base"),
-                                              ({"nodes": 2, "node_port_base": 10000}, "overlap the head's worker ports")])
+                                              ({"nodes": 2, "node_port_base": 10000}, "overlap the head's worker ports"),
+                                              ({"nodes": 2, "node_port_base": 29950},
+                                               "node_port_base: ports 30050-30249 overlap 30000-31000, where Serve"),
+                                              ({"min_worker_port": 39000, "max_worker_port": 40500},
+                                               "min_worker_port: ports 39000-40500 overlap 40000-41000")])
 def test_bad_worker_node_settings_are_named(overrides, field):
     from pipelines.config import ConfigError
 

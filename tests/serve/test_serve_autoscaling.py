@@ -12,6 +12,7 @@ states from the dashboard's Serve REST API, nodes from its node table.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import psutil
@@ -60,11 +61,22 @@ def autoscaled_nodes(cfg) -> set[str] | None:
     return labels.get(AUTOSCALED_LABEL, set()) if "head" in labels else None
 
 
-def listening_addresses(gcs_port: int) -> list[str]:
-    """Where this cluster's processes (each names its GCS's port) listen."""
-    ours = {p.pid for p in psutil.process_iter(["cmdline"]) if any(f":{gcs_port}" in a for a in p.info["cmdline"] or [])}
-    return [ln.split()[3] for ln in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
-            if any(f"pid={p}," in ln for p in ours)]
+def listening_addresses(gcs_port: int) -> list[tuple[str, str]]:
+    """Where this cluster's processes (each names its GCS's port) and their children (HAProxy) listen:
+    (address, process name) pairs."""
+    ours = {p for p in psutil.process_iter(["cmdline"]) if any(f":{gcs_port}" in a for a in p.info["cmdline"] or [])}
+    for proc in list(ours):
+        try:
+            ours.update(proc.children(recursive=True))
+        except psutil.Error:
+            pass
+    names = {p.pid: p.name() for p in ours}
+    found = []
+    for ln in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines():
+        pids = {int(pid) for pid in re.findall(r"pid=(\d+),", ln)} & names.keys()
+        if pids:
+            found.append((ln.split()[3], names[min(pids)]))
+    return found
 
 
 @pytest.mark.slow
@@ -101,8 +113,16 @@ def test_a_queue_adds_a_replica_and_a_node_and_both_go_once_idle(autoscaling_sta
     assert len(joined) == 1 and placed[second] == joined[0][1], (placed, nodes)
     assert load_started < joined[0][0] < load_ended, nodes
     assert counts["failed"] == 0 and counts["ok"] > 0, counts
-    # The autoscaled node's servers, like the head's, listen on loopback only (its Serve proxy on a port of its own).
-    assert listening and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in listening), listening
+    # The autoscaled node's servers, like the head's, listen on loopback only: Ray's, HAProxy (Serve's ingress on each
+    # node, the autoscaled node's on a port of its own) and the replicas' own HTTP servers behind it (Serve gives them
+    # ports from 30000-31000). The one exception is not rayline's or Ray's: vLLM's engine starts a torch.distributed
+    # store (TCPStore) for its one-process group, which PyTorch binds on every interface at a random port.
+    loopback = ("127.0.0.1:", "[::ffff:127.0.0.1]:")
+    beyond = [(a, name) for a, name in listening if not a.startswith(loopback)]
+    replica_http = [a for a, name in listening if "ServeReplica" in name and 30000 <= int(a.rsplit(":", 1)[1]) <= 31000]
+    assert listening and all("ServeReplica" in name and a.startswith("*:") for a, name in beyond), beyond
+    assert len(replica_http) == 2 and all(a.startswith(loopback) for a in replica_http), listening
+    assert len({a for a, name in listening if name == "haproxy"}) == 2, listening  # the head's and the node's
     # Layer 1 down: the second replica (not the head's) stopped once the load ended, not before the delay.
     assert scaled_down, f"the second replica did not go once the load stopped: {replicas}"
     assert set(timeline.running_ids()) == first, (first, replicas)
