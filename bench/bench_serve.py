@@ -41,7 +41,9 @@ from bench.equal_terms import (  # noqa: E402
     THREAD_ENV, busy_threads, print_setups, ratio_line, round_order, thread_times,
 )
 from bench.serve_load import LoadResult, combine, run_load  # noqa: E402
-from bench.serve_setup import engine_core_pid, engine_setup, resolve_scheduler, title  # noqa: E402
+from bench.serve_setup import (  # noqa: E402
+    engine_core_pid, engine_setup, resolve_scheduler, serve_ingress, title,
+)
 from pipelines.config import from_dict, to_dict  # noqa: E402
 from serve import engine as eng  # noqa: E402
 from serve.app import ServedModel, render_serve_config  # noqa: E402
@@ -202,27 +204,6 @@ class RaylineApp:
 
     def stop(self) -> None:
         self.target.delete()
-
-
-def serve_ingress(replica: int) -> str:
-    """How HTTP reaches the engine replica, read back: HAProxy in front of the replica's own HTTP server (Serve's
-    HAProxy mode, pipelines/ray_env.py) when a haproxy process runs on the replica's node, else Ray's
-    Python proxy actor."""
-    import psutil
-
-    def raylet(proc):  # the node a process runs on: its raylet ancestor
-        while proc is not None and proc.name() != "raylet":
-            proc = proc.parent()
-        return proc.pid if proc else None
-
-    node = raylet(psutil.Process(replica))
-    for proc in psutil.process_iter(["name"]):
-        try:
-            if proc.info["name"] == "haproxy" and raylet(proc) == node:
-                return f"HAProxy (niceness {proc.nice()}) -> the replica's own HTTP server"
-        except psutil.Error:
-            continue
-    return "Ray Serve's proxy actor -> the replica"
 
 
 def bench_rollout(work: Path) -> float:

@@ -1,5 +1,6 @@
 """What a running vLLM server computes with, read back for bench_serve.py: its EngineCore process (a vLLM
-server's, or the one a Serve replica forked), the process tree, and the engine settings vLLM logged.
+server's, or the one a Serve replica forked), the process tree, the engine settings vLLM logged,
+and how HTTP reaches a Serve replica (HAProxy or Ray's proxy).
 
     python bench/serve_setup.py '{"name": {non-default args}}'   # prints SCHEDULER {...}: see resolve_scheduler
 """
@@ -49,6 +50,27 @@ def title(proc) -> str:
         return " ".join(proc.cmdline()) if proc else ""
     except psutil.Error:
         return ""
+
+
+def serve_ingress(replica: int) -> str:
+    """How HTTP reaches the engine replica, read back: HAProxy in front of the replica's own HTTP server (Serve's
+    HAProxy mode, pipelines/ray_env.py) when a haproxy process runs on the replica's node, else Ray's
+    Python proxy actor."""
+    import psutil
+
+    def raylet(proc):  # the node a process runs on: its raylet ancestor
+        while proc is not None and proc.name() != "raylet":
+            proc = proc.parent()
+        return proc.pid if proc else None
+
+    node = raylet(psutil.Process(replica))
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if proc.info["name"] == "haproxy" and raylet(proc) == node:
+                return f"HAProxy (niceness {proc.nice()}) -> the replica's own HTTP server"
+        except psutil.Error:
+            continue
+    return "Ray Serve's proxy actor -> the replica"
 
 
 def engine_setup(root_pid: int, logs: list[Path]) -> dict:
