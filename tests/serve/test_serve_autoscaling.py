@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 
 import psutil
 import pytest
@@ -79,6 +80,16 @@ def listening_addresses(gcs_port: int) -> list[tuple[str, str]]:
     return found
 
 
+def wait_for_listeners(gcs_port: int, haproxies: int, timeout_s: float) -> list[tuple[str, str]]:
+    """listening_addresses once `haproxies` HAProxy listeners are up, or as they stand after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listening = listening_addresses(gcs_port)
+        if len({a for a, name in listening if name == "haproxy"}) >= haproxies or time.monotonic() > deadline:
+            return listening
+        time.sleep(1.0)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_queue_adds_a_replica_and_a_node_and_both_go_once_idle(autoscaling_stack, tiny_model_dir):
@@ -99,7 +110,8 @@ def test_a_queue_adds_a_replica_and_a_node_and_both_go_once_idle(autoscaling_sta
         with load:
             scaled_up = timeline.wait_for(lambda t: t.running == 2, 300)
             placed = dict(timeline.nodes)
-            listening = listening_addresses(cfg.ray_port)
+            # The node's HAProxy starts with Serve's proxy for that node, which can come a few seconds after the replica.
+            listening = wait_for_listeners(cfg.ray_port, haproxies=2, timeout_s=60) if scaled_up else []
         load_ended = timeline.now()
         scaled_down = timeline.wait_for(lambda t: t.running == 1 and t.replicas == 1, AUTOSCALING["downscale_delay_s"] + 120)
         node_gone = timeline.wait_for(lambda t: t.node_events and t.node_events[-1][2] == "LEFT", IDLE_TIMEOUT_S + 120)
