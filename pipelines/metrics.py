@@ -78,6 +78,9 @@ METRICS: dict[str, Metric] = {
     # serve/ (each engine replica)
     "rayline_served_version": Metric(GAUGE, "1 for each model version a live replica serves (info metric).",
                                      ("app", "served_model", "model", "version")),
+    "rayline_served_adapter_version": Metric(GAUGE, "1 for each LoRA adapter version a live replica answers with, 0 "
+                                                    "once superseded or dropped (info metric).",
+                                             ("app", "served_model", "adapter", "model", "version")),
     "rayline_serve_requests": Metric(COUNTER, "HTTP requests answered by a replica, by served version and status "
                                               "code.", ("app", "model", "version", "code")),
     # serve/rollout.py (a rollout run on the cluster: a Ray job or the rendered RayJob)

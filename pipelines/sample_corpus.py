@@ -101,6 +101,13 @@ def write_corpus(out: str | Path, seed: int = 0, n_train: int = 4000, n_eval: in
     return paths
 
 
+def plain_text(n: int, seed: int, exclude: set[str] | None = None) -> list[str]:
+    """Each record's question and answer as one plain sentence, no chat template (pretraining text for the demo's
+    base: it knows the facts but not the chat format); questions in `exclude` are left out (no eval leak)."""
+    return [f"{r['messages'][-2]['content']} {r['messages'][-1]['content']}"
+            for r in make_records(n, seed, "plain", exclude=exclude or set())]
+
+
 def corpus_text(seed: int = 0, n: int = 2000) -> list[str]:
     """Plain text of the corpus (for training the tiny tokenizer)."""
     return [m["content"] for r in make_records(n, seed, "tok") for m in r["messages"]]

@@ -96,7 +96,9 @@ class RaylineServer(LLMServer):
         if llm_config.engine_kwargs.get("enable_lora"):
             from serve.served_adapters import AdapterSet
 
-            self._adapters = AdapterSet(self.engine, llm_config.model_id, self._rayline, model_cache_dir, max_lora_rank)
+            tags = served_tags(llm_config.model_id, self._rayline)
+            self._adapters = AdapterSet(self.engine, llm_config.model_id, self._rayline, model_cache_dir, max_lora_rank,
+                                        metric_tags={k: tags[k] for k in ("app", "served_model")})
 
     async def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Serve's call with the deployment's `user_config` (serve/app.py), at start and whenever it changes: the

@@ -16,15 +16,18 @@ import asyncio
 import logging
 from typing import Any
 
-from pipelines import storage
+from pipelines import metrics, storage
 
 log = logging.getLogger("ray.serve")
 
 
 class AdapterSet:
-    def __init__(self, engine, model_id: str, base: dict[str, Any], cache_dir: str, max_lora_rank: int):
+    def __init__(self, engine, model_id: str, base: dict[str, Any], cache_dir: str, max_lora_rank: int,
+                 metric_tags: dict[str, str] | None = None):
         self.engine, self.model_id, self.base = engine, model_id, dict(base)
         self.cache_dir, self.max_lora_rank = cache_dir, max_lora_rank
+        self.metric_tags = metric_tags
+        """`app` and `served_model` for rayline_served_adapter_version; None: no metric (outside a replica)."""
         self.served: dict[str, dict[str, Any]] = {}
         """Client name -> the pinned adapter it answers with now."""
         self.lock = asyncio.Lock()
@@ -50,7 +53,13 @@ class AdapterSet:
                 await self._load(name, pinned)
             for name in set(self.served) - set(wanted):
                 self._models().lora_requests.pop(self.client_name(name), None)
-                del self.served[name]
+                self._mark(name, self.served.pop(name), 0)
+
+    def _mark(self, name: str, spec: dict[str, Any], value: int) -> None:
+        """rayline_served_adapter_version for one adapter version: 1 while it answers, 0 once it does not."""
+        if self.metric_tags is not None:
+            metrics.gauge("rayline_served_adapter_version", value, **self.metric_tags, adapter=name,
+                          model=spec.get("name") or "", version=str(spec.get("version") or ""))
 
     def _models(self):
         return self.engine._oai_models  # vLLM's OpenAIServingModels: the registry the HTTP routes read
@@ -81,5 +90,8 @@ class AdapterSet:
             raise RuntimeError(f"lora.adapters.{name}: the engine could not load {spec['label']} from {source}: "
                                f"{type(e).__name__}: {e}") from e
         models.lora_requests[self.client_name(name)] = request
-        self.served[name] = dict(spec)
+        previous, self.served[name] = self.served.get(name), dict(spec)
+        if previous and previous.get("label") != spec.get("label"):
+            self._mark(name, previous, 0)
+        self._mark(name, spec, 1)
         log.info("adapter %s now answers with %s (%s)", self.client_name(name), spec["label"], path)

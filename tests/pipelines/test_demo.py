@@ -14,7 +14,7 @@ import pytest
 
 from pipelines import registry
 from pipelines.config import to_dict
-from pipelines.demo import DemoConfig, main
+from pipelines.demo import LORA_APP, QUESTION, DemoConfig, main
 from serve import rollout_record
 from serve.deploy_target import LocalServe
 from train.tune import TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
@@ -34,6 +34,7 @@ def demo(local_stack, tmp_path_factory, log_growing_in_checkout):
         yield cfg, main(cfg)
     finally:
         LocalServe("rayline").delete()
+        LocalServe(LORA_APP["app_name"]).delete()
 
 
 def test_lineage_joins_dataset_run_model_version_and_deployment(demo):
@@ -88,9 +89,34 @@ def test_tune_search_runs_asha_trials_as_child_runs_and_registers_the_best(demo)
     assert mv.tags[registry.TAG_DATASET_VERSION] == result.dataset_version
 
 
-def test_fine_tune_beats_the_base_model(demo):
+def test_the_fine_tuned_model_and_the_adapter_visibly_learned(demo):
+    """The demo's base knows the facts but not the chat format (pipelines/tiny_pretrain.py). Sized as the demo is
+    (pipelines/demo.py final_overrides), the fine-tuned model answers at least half of the eval questions and the
+    chat question rightly. The adapter learns too, well above the base, but slower than a full fine-tune: its score
+    (0.49-0.62 in runs on 2026-12-03) is not held to 0.5, and its chat answer is shown, not required to be right."""
     _, result = demo
-    assert result.exact_match["fine-tuned"] > result.exact_match["base"], result.exact_match
+    scores = result.exact_match
+    assert scores["fine-tuned"] >= 0.5 and scores["adapter"] >= scores["base"] + 0.25, scores
+    assert (result.question, result.answer.strip()) == QUESTION, result
+    assert result.adapter_answer.strip().isdigit(), result  # an answer in the sum's own form, not chat noise
+
+
+def test_the_adapter_is_a_version_of_its_own_registered_with_its_base_and_served_beside_it(demo, local_stack):
+    from openai import OpenAI
+
+    cfg, result = demo
+    mv = registry.get_version(f"models:/{result.adapter_model}/{result.adapter_version}")
+    assert mv.tags[registry.TAG_ADAPTER] == "lora" and mv.tags[registry.TAG_BASE_MODEL].startswith("models:/rayline-tiny-base/")
+    assert mv.tags[registry.TAG_DATASET_VERSION] == result.dataset_version
+    assert float(mv.tags["eval.exact_match"]) == pytest.approx(result.exact_match["adapter"])
+    assert registry.get_alias(result.adapter_model, registry.DEFAULT_ALIAS).version == result.adapter_version
+    # The adapter's app answers with the adapter version by name; the base app goes on answering as the promoted model.
+    client = OpenAI(base_url=f"http://127.0.0.1:{local_stack.serve_port}{LORA_APP['route_prefix']}/v1", api_key="unused")
+    resp = client.chat.completions.create(model=f"rayline:{cfg.adapter_name}", max_tokens=16, temperature=0,
+                                          messages=[{"role": "user", "content": result.question}])
+    assert resp.model == result.adapter_served_by == \
+        f"rayline:{cfg.adapter_name}@{result.adapter_model}/{result.adapter_version}", resp
+    assert resp.choices[0].message.content == result.adapter_answer
 
 
 def test_chat_answer_comes_from_the_promoted_version(demo, local_stack):
@@ -130,6 +156,10 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
     assert float(read[0]["value"][1]) == result.counts["read"]
     served = prometheus.wait_for(url, f'sum by (version) (ray_rayline_served_version{{model="{cfg.model_name}"}})')
     assert [s["metric"]["version"] for s in served] == [result.model_version]
+    adapter = prometheus.wait_for(url, f'sum by (app, model, version) '
+                                       f'(ray_rayline_served_adapter_version{{adapter="{cfg.adapter_name}"}}) > 0')
+    assert [(s["metric"]["app"], s["metric"]["model"], s["metric"]["version"]) for s in adapter] == [
+        (LORA_APP["app_name"], result.adapter_model, result.adapter_version)]
     rollouts = prometheus.wait_for(url, f'sum by (outcome) (ray_rayline_rollouts_total{{model="{cfg.model_name}"}})')
     assert {s["metric"]["outcome"]: float(s["value"][1]) for s in rollouts} == {"deployed": 1.0}
     evals = prometheus.query(url, 'sum by (run) (ray_rayline_batch_rows_done_total{mode="eval"})')

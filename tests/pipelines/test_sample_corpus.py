@@ -40,3 +40,15 @@ def test_malformed_file_has_every_kind_of_bad_record(tmp_path):
         except (UnicodeDecodeError, json.JSONDecodeError):
             broken_json += 1
     assert broken_json == 2  # truncated JSON and invalid UTF-8; the rest parse but are invalid records
+
+
+def test_the_demo_question_is_taught_not_evaluated(tmp_path):
+    """The demo's chat question (pipelines/demo.py QUESTION) is in its corpus's training split with its answer,
+    and not in the eval split, so exact match on eval and the chat answer measure different things."""
+    from pipelines.demo import QUESTION, DemoConfig
+
+    cfg = DemoConfig()
+    paths = write_corpus(tmp_path, seed=cfg.seed, n_train=cfg.n_train, n_eval=cfg.n_eval)
+    pairs = {split: {(r["messages"][-2]["content"], r["messages"][-1]["content"])
+                     for r in map(json.loads, paths[split].read_text().splitlines())} for split in ("train", "eval")}
+    assert QUESTION in pairs["train"] and QUESTION[0] not in {q for q, _ in pairs["eval"]}

@@ -44,7 +44,7 @@ def app(local_stack, tiny_model_dir, tmp_path_factory):
     target = LocalServe(APP)
     try:
         deploy(cfg)
-        yield {"cfg": cfg, "target": target, "base": f"{BASE}/{base_version}",
+        yield {"cfg": cfg, "target": target, "base": f"{BASE}/{base_version}", "stack": local_stack,
                "url": f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}/v1"}
     finally:
         target.delete()
@@ -159,6 +159,21 @@ def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request
     assert after and set(after) == {f"rayline:a@{ADAPTERS}/3"}  # once switched, never back
     assert {r["replica_id"] for r in target.replicas() if r["state"] == "RUNNING"} == replicas
     assert ask(client, "rayline:b").model == f"rayline:b@{ADAPTERS}/2"  # the other adapter untouched
+    # The replica's adapter gauge says the same: version 3 of `a` at 1, version 1 (superseded) at 0, `b` unchanged.
+    from pipelines import prometheus
+    from pipelines.stack import env_vars
+
+    url = env_vars(app["stack"])["RAYLINE_PROMETHEUS_URL"]
+    expr = f'max by (adapter, version) (ray_rayline_served_adapter_version{{app="{APP}", model="{ADAPTERS}"}})'
+    want = {("a", "3"): 1.0, ("a", "1"): 0.0, ("b", "2"): 1.0}
+
+    def gauge() -> dict:
+        return {(s["metric"]["adapter"], s["metric"]["version"]): float(s["value"][1]) for s in prometheus.query(url, expr)}
+
+    deadline = time.time() + 60
+    while gauge() != want and time.time() < deadline:
+        time.sleep(2)
+    assert gauge() == want
 
 
 def test_a_broken_adapter_is_refused_at_the_gate_and_the_alias_rolls_back(app, client, tmp_path):
