@@ -3,7 +3,7 @@ plain text, so the base the demo fine-tunes is a pretrained model, as a real bas
 
 A random-init base is the wrong start for LoRA: with its small random (tied) embeddings frozen, the largest logit an
 adapter can produce is ~2.5 above the rest, so its loss cannot go below ~3.7 on a 512-token vocabulary; on
-2026-12-03 a rank-16 adapter on every linear layer stayed at loss ~5 for 900 steps. Pretrained for ~600 steps on
+2026-12-03 a rank-16 adapter on every linear layer stayed at loss ~5 for 900 steps. Pretrained (the demo: 1,200 steps) on
 sentences like "What is 3 + 4? 7" (no chat template, the eval questions left out), the base knows the facts but not
 the chat format; a full fine-tune or an adapter then teaches it to answer in chat.
 

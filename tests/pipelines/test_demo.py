@@ -199,7 +199,7 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
 def test_progress_shows_the_stages_own_lines_not_rays_records(capsys):
     import io
 
-    from pipelines.demo import ProgressLog
+    from pipelines.demo_jobs import ProgressLog
 
     log = io.StringIO()
     progress = ProgressLog(log, every_s=0)
