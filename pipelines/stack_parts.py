@@ -94,6 +94,10 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
                "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(Path(venv_bin).parent), "RAY_USAGE_STATS_ENABLED": "0",
                "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port), **SERVE_PROCESS_ENV,
                **local_serve_env()}
+    # The cluster's own processes reach the registry too: a Serve app deployed unpinned (the offline render, as a
+    # RayService's serveConfigV2 holds it) resolves `engine.model` when the cluster builds it, and each replica
+    # resolves its adapters' aliases (serve/served_adapters.py), as a KubeRay pod does with the profile's URI.
+    ray_env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{cfg.mlflow_port}"
     if cfg.s3:
         ray_env.update(objectstore.s3_env(cfg.s3_port))
     if runs_prometheus(cfg):

@@ -34,7 +34,7 @@ from serve.deploy_target import DeployError, KubeRayService, LocalServe
 from serve.gate import gate_problems, metric_problems
 from serve.rollout_config import Config
 from serve.serve_config import Config as ServeConfig
-from serve.verify import VerifyOutcome, wait_until_answering, wait_until_healthy
+from serve.verify import VerifyOutcome, served_versions, wait_until_answering, wait_until_healthy
 from serve.webhook import WebhookReceiver, register_webhook
 
 log = logging.getLogger("rayline.rollout")
@@ -134,7 +134,7 @@ class Rollout:
                 rec.record_deployed(name, version, prev_version, trigger, run_id)
                 return self._finish(RolloutResult(DEPLOYED, name, version, prev_version, run_id=run_id), start)
 
-            rollback = self._roll_back(previous_app, previous, rendered.get("http_options"))
+            rollback = self._roll_back(self._pinned(previous_app, previous), previous, rendered.get("http_options"))
             rec.record_rolled_back(name, version, outcome.reason, trigger, run_id)
             alias_note = self._restore_alias(name, prev_version)
             reason = f"{outcome.reason}; {rollback}{alias_note}"
@@ -143,10 +143,24 @@ class Rollout:
     def _served(self, app_config: dict) -> ServedModel | None:
         """What the followed model is in a deployed app config: the base, or the adapter's pinned version."""
         if not self.cfg.adapter:
-            return served_model_of(app_config)
+            pinned = served_model_of(app_config)
+            if pinned or not app_config:
+                return pinned
+            card = self._reported(self.serve_cfg.served_model_id)  # built unpinned: the version its replicas load
+            return ServedModel.from_args(card) if card and card.get("version") else None
         spec = adapters_of(app_config).get(self.cfg.adapter)
+        if spec and not spec.get("version"):  # an alias each replica resolved itself: ask them which version
+            spec = self._reported(self.client_name) or spec
         return ServedModel(source=spec.get("source", ""), ref=spec["ref"], name=spec.get("name"),
                            version=spec.get("version")) if spec else None
+
+    def _reported(self, model_id: str) -> dict | None:
+        """The version the running app reports for `model_id` (its model card), or None when it does not answer."""
+        try:
+            return served_versions(self.base_url).get(model_id)
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("could not read the served versions from %s/models: %s", self.base_url, e)
+            return None
 
     def _render(self, previous_app: dict, served: ServedModel) -> dict:
         """The app config serving `served`: pinned to it (with the adapters the gate pinned onto it), or (an
@@ -185,9 +199,17 @@ class Rollout:
         from serve.engine import ModelInfo
 
         base = served_model_of(self.target.current() or {})
-        if base is None:
-            return None, [f"the app {self.serve_cfg.app_name} serves no pinned base to load {name}/{version} onto; "
-                          "deploy it first (python -m pipelines.serve)"]
+        if base is None:  # deployed unpinned (a RayService's serveConfigV2): the base version its replicas report
+            card = self._reported(self.serve_cfg.served_model_id) or {}
+            if not (card.get("name") and card.get("version")):
+                return None, [f"the app {self.serve_cfg.app_name} serves no base to load {name}/{version} onto (its "
+                              f"config pins none and {self.base_url}/models reports none); deploy it first "
+                              "(python -m pipelines.serve)"]
+            try:
+                base = resolve_served_model(f"models:/{card['name']}/{card['version']}",
+                                            self.serve_cfg.model_cache_dir or None)
+            except (LookupError, OSError, ValueError, MlflowException) as e:
+                return None, [f"the base the app serves ({card['name']}/{card['version']}) cannot be resolved: {e}"]
         info = ModelInfo(ref=base.ref, uri=base.source, name=base.name, version=base.version)
         try:
             a = resolve_adapter(f"models:/{name}/{version}", base.source, info, self.serve_cfg.model_cache_dir or None,
@@ -226,6 +248,31 @@ class Rollout:
             mlflow.log_metric("switch_s", time.time() - t)  # deploy -> the new version answering
         return answer if answer.ok else VerifyOutcome(False, f"verify failed: {answer.reason}")
 
+    def _pinned(self, app_config: dict | None, previous: ServedModel | None) -> dict | None:
+        """The previous app config to restore, with the previous version pinned where it named an alias (deployed
+        unpinned, as a RayService's serveConfigV2): restored as it was, it would resolve the alias again, which
+        still names the version being rolled back."""
+        if not app_config or previous is None or not (previous.name and previous.version):
+            return app_config
+        ref = f"models:/{previous.name}/{previous.version}"
+        if self.cfg.adapter:
+            adapters = adapters_of(app_config)
+            if self.cfg.adapter not in adapters or adapters[self.cfg.adapter].get("version"):
+                return app_config
+            deployments = [{**d, "user_config": {**(d.get("user_config") or {}),
+                                                 "adapters": {**adapters, self.cfg.adapter: {"ref": ref}}}}
+                           if str(d.get("name", "")).startswith("LLMServer:") else d
+                           for d in app_config.get("deployments") or []]
+            return {**app_config, "deployments": deployments}
+        if served_model_of(app_config) is not None:
+            return app_config
+        try:
+            model = resolve_served_model(ref, self.serve_cfg.model_cache_dir or None)
+        except (LookupError, OSError, ValueError, MlflowException) as e:
+            log.warning("rolling back to the unpinned config as it was: %s cannot be resolved (%s)", ref, e)
+            return app_config
+        return {**app_config, "args": {**(app_config.get("args") or {}), "model": model.to_args()}}
+
     def _roll_back(self, previous_app: dict | None, previous: ServedModel | None, http_options: dict | None) -> str:
         """Put the previous app config back and wait until it answers again; returns what happened."""
         t = time.time()
@@ -238,7 +285,7 @@ class Rollout:
             return f"ROLLBACK FAILED: {e}"
         if previous is None:
             return "the previous app config is back (it pins no version, so no smoke check)"
-        base = served_model_of(previous_app) if self.cfg.adapter else previous
+        base = served_model_of(previous_app)  # the base the restored config pins (None: it pins none)
         healthy = wait_until_healthy(self.target.state, base, self.cfg.deploy_timeout_s, fail_fast=False, applied_at=t)
         if not healthy.ok:
             return f"ROLLBACK NOT HEALTHY: {healthy.reason}"

@@ -36,6 +36,15 @@ def smoke_request(base_url: str, model_id: str, prompt: str, timeout_s: float = 
         return json.loads(r.read())
 
 
+def served_versions(base_url: str, timeout_s: float = 30.0) -> dict[str, dict]:
+    """What the running app says it serves: model id (`rayline`, `rayline:<adapter>`) -> its model card's
+    `metadata.rayline` ({ref, name, version, label, ...}), from GET /models. This is how a rollout learns the
+    versions of an app deployed unpinned (a RayService's serveConfigV2), whose config names only aliases."""
+    with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=timeout_s) as r:
+        cards = json.loads(r.read()).get("data") or []
+    return {c["id"]: c["metadata"]["rayline"] for c in cards if (c.get("metadata") or {}).get("rayline")}
+
+
 def wait_until_healthy(
     state: Callable[[], AppState], expected: ServedModel, timeout_s: float, fail_fast: bool = True,
     applied_at: float | None = None, poll_s: float = 1.0,

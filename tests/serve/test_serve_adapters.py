@@ -20,11 +20,12 @@ import pytest
 
 from pipelines import registry
 from pipelines.config import from_dict
-from serve.app import resolve_served_adapters, resolve_served_model
+from serve.app import render_serve_config, resolve_served_adapters, resolve_served_model
 from serve.deploy_target import LocalServe
 from serve.serve_config import Config as ServeConfig
+from serve.verify import wait_until_answering
 from tests.serve.lora_adapters import write_adapter
-from tests.serve.serving import deploy, openai_client, register_fresh, serve_config_dict
+from tests.serve.serving import openai_client, register_fresh, serve_config_dict
 
 BASE, ADAPTERS = "rayline-lora-base-test", "rayline-lora-adapter-test"
 APP, PREFIX = "rayline-test-lora", "/lora-test"
@@ -33,17 +34,28 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 @pytest.fixture(scope="module")
 def app(local_stack, tiny_model_dir, tmp_path_factory):
-    """The app serving the base, `a` (adapter version 1) and `b` (version 2); version 3 (another `a`) is waiting."""
+    """The app serving the base, `a` (adapter version 1, `champion`) and `b` (version 2); version 3 (another `a`)
+    is waiting. Deployed as a RayService deploys it: the offline render (`render_serve_config` without a pinned
+    model, as in `serveConfigV2`), so the cluster resolves the base's alias when it builds the app and each
+    replica resolves `a`'s alias itself (serve/served_adapters.py). `pipelines.serve`, which pins both before it
+    deploys, deploys the demo's adapter app (tests/pipelines/test_demo.py)."""
     (base_version,) = register_fresh(BASE, [(str(tiny_model_dir), {})])
     registry.set_alias(BASE, "champion", base_version)
     root = tmp_path_factory.mktemp("served-adapters")
     tags = {registry.TAG_BASE_MODEL: f"models:/{BASE}/{base_version}", registry.TAG_ADAPTER: "lora"}
     register_fresh(ADAPTERS, [(str(write_adapter(tiny_model_dir, root / f"v{seed}", seed)), tags) for seed in (1, 2, 3)])
+    registry.set_alias(ADAPTERS, "champion", "1")
     cfg = {**serve_config_dict(APP, PREFIX, BASE),
-           "lora": {"adapters": {"a": f"models:/{ADAPTERS}/1", "b": f"models:/{ADAPTERS}/2"}, "max_lora_rank": 8}}
+           "lora": {"adapters": {"a": f"models:/{ADAPTERS}@champion", "b": f"models:/{ADAPTERS}/2"}, "max_lora_rank": 8}}
+    serve_cfg = from_dict(ServeConfig, cfg)
     target = LocalServe(APP)
     try:
-        deploy(cfg)
+        target.apply(render_serve_config(serve_cfg))
+        for model, label in (("rayline", f"{BASE}/{base_version}"), ("rayline:a", f"rayline:a@{ADAPTERS}/1"),
+                             ("rayline:b", f"rayline:b@{ADAPTERS}/2")):
+            answer = wait_until_answering(serve_cfg.base_url(), model, label, "Hello", 600,
+                                          field="system_fingerprint" if model == "rayline" else "model")
+            assert answer.ok, answer.reason
         yield {"cfg": cfg, "target": target, "base": f"{BASE}/{base_version}", "stack": local_stack,
                "url": f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}/v1"}
     finally:
@@ -114,6 +126,21 @@ def rollout_of(app, adapter: str):
     cfg = from_dict(RolloutConfig, {"adapter": adapter, "alias": "champion", "gate": {"min_metrics": {}},
                                     "smoke_timeout_s": 60, "deploy_timeout_s": 120})
     return Rollout(cfg, serve_cfg=from_dict(ServeConfig, app["cfg"]), target=app["target"])
+
+
+def test_a_rollback_of_an_unpinned_app_restores_the_previous_version_not_the_alias(app):
+    """The app names `a` by its alias; restored as it was after a failed rollout, each replica would resolve the
+    alias again, which names the version being rolled back. The rollback pins the version that served."""
+    from serve.app import ServedModel, adapters_of
+
+    current = app["target"].current()
+    assert adapters_of(current)["a"] == {"ref": f"models:/{ADAPTERS}@champion"}
+    rollout = rollout_of(app, "a")
+    previous = rollout._served(current)  # what the replicas report: `a` resolved to version 1
+    assert (previous.name, previous.version) == (ADAPTERS, "1")
+    restored = adapters_of(rollout._pinned(current, previous))
+    assert restored == {"a": {"ref": f"models:/{ADAPTERS}/1"}, "b": {"ref": f"models:/{ADAPTERS}/2"}}
+    assert rollout._pinned(current, ServedModel(source="", ref="x")) == current  # no version known: as it was
 
 
 def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request(app, client):
