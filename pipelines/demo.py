@@ -1,8 +1,9 @@
 """The main job on the embedded local stack: `make demo` runs `python -m pipelines.demo`.
 
-stack up -> sample corpus + tiny base model -> prepare data -> small Tune search -> train the best
-configuration -> register -> batch eval of base and fine-tuned -> promote (the MLflow UI's REST call)
--> rollout to the Serve app -> an OpenAI chat request answered by the promoted version -> summary.
+stack up -> sample corpus + pretrained tiny base model -> prepare data -> small Tune search -> train the best
+configuration -> register -> train a LoRA adapter of the base -> one batch eval job: base, adapter and
+fine-tuned side by side -> promote (the MLflow UI's REST call) -> rollout to the Serve app -> an OpenAI chat
+request answered by the promoted version -> promote the adapter, serve it beside its base, ask it -> summary.
 
 Every stage runs as a Ray job through the Jobs API (`pipelines.submit`, as `ray job submit` would);
 the demo reads what each stage produced back from MLflow (runs carry the Ray job id), so it walks the
@@ -209,17 +210,18 @@ def main(cfg: DemoConfig) -> DemoResult:
     adapter_version = registered_version(adapter_model, run_of_job(job), job)
     adapter_ref = f"models:/{adapter_model}/{adapter_version}"
 
-    step("batch eval (Ray Data + vLLM): the base and its adapter in one pass, the fine-tuned model")
+    step("batch eval (Ray Data + vLLM): base, adapter and fine-tuned side by side in one job")
+    tuned_ref = f"models:/{cfg.model_name}/{version}"
+    # Two engine pools (the base with its adapter; the fine-tuned model) at 0.4 CPU each: with the job's 0.25-CPU
+    # tasks they fit on 2 CPUs beside the Serve app an earlier demo left running.
+    run_stage("batch_infer", "configs/batch/eval_tiny.yaml", [
+        f"engine.model={base_ref}", f"adapters=[{adapter_ref}]", f"compare=[{tuned_ref}]",
+        "engine.cpus_per_engine=0.4", f"input_uri={corpus / 'eval.jsonl'}", f"output_uri={work / 'batch' / 'eval'}"],
+        logs)
     scores = {}
-    for label, ref, adapters in (("base", base_ref, [adapter_ref]),
-                                 ("fine-tuned", f"models:/{cfg.model_name}/{version}", [])):
-        run_stage("batch_infer", "configs/batch/eval_tiny.yaml", [
-            f"engine.model={ref}", f"adapters=[{','.join(adapters)}]", f"input_uri={corpus / 'eval.jsonl'}",
-            f"output_uri={work / 'batch' / label}"], logs, log_name=f"batch_infer-{label}")
-        for key, answered in [(label, ref)] + [("adapter", a) for a in adapters]:
-            name, ver = registry.parse_model_ref(answered)[:2]
-            scores[key] = float(registry.get_version(f"models:/{name}/{ver}").tags.get("eval.exact_match", "nan"))
-            print(f"    {key}: exact match {scores[key]:.3f}")
+    for key, answered in (("base", base_ref), ("fine-tuned", tuned_ref), ("adapter", adapter_ref)):
+        scores[key] = float(registry.get_version(answered).tags.get("eval.exact_match", "nan"))
+        print(f"    {key}: exact match {scores[key]:.3f}")
 
     step(f"promote {cfg.model_name}/{version} to @champion (MLflow REST, as the UI does) and roll out")
     promoted_at = time.time()

@@ -3,7 +3,7 @@ key=value ...` sets any field; pipelines/stack.py starts what it describes)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.config import require
@@ -62,6 +62,9 @@ class StackConfig:
     when work waits for resources and to remove them when idle (pipelines/ray_autoscaler.py). 0 = off."""
     autoscale_idle_timeout_s: float = 30.0
     """Seconds an autoscaled node stays idle before the autoscaler removes it."""
+    ray_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for every Ray process of the stack (head, worker nodes, autoscaled nodes), e.g. Ray or Serve
+    settings read from the environment (`RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S: "2"`); it wins over the stack's own."""
     timeout_s: int = 120
 
     def __post_init__(self):
@@ -70,6 +73,8 @@ class StackConfig:
                      "metrics_export_port", "redis_port"):
             require(0 < getattr(self, name) < 65536, name, "must be a TCP port (1-65535)")
         require(self.num_cpus >= 0, "num_cpus", "must be >= 0")
+        bad = [k for k, v in self.ray_env.items() if not (isinstance(k, str) and k and isinstance(v, str))]
+        require(not bad, "ray_env", f"names and values must be strings (quote numbers in YAML): {bad[:3]}")
         require(self.scrape_interval_s > 0, "scrape_interval_s", "must be > 0")
         require(self.min_worker_port < self.max_worker_port, "min_worker_port", "must be below max_worker_port")
         require(self.nodes >= 0, "nodes", f"must be >= 0, got {self.nodes}")

@@ -103,6 +103,7 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
     if runs_prometheus(cfg):
         # The Ray dashboard's metrics views read this Prometheus.
         ray_env["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{cfg.prometheus_port}"
+    ray_env.update(cfg.ray_env)
     autoscaler_argv, autoscaler_env = head_autoscaler(cfg)
     ray_argv += autoscaler_argv
     head_env = {**ray_env, **autoscaler_env}

@@ -65,6 +65,11 @@ class Config:
     result rows' `model_version` says which answered, and eval mode scores and tags each version. Each is checked
     against the base (shapes, targets, the base version it was trained on) before any engine starts; the engines
     get LoRA on with a `max_lora_rank` that holds the largest."""
+    compare: list[str] = field(default_factory=list)
+    """Other full models (any reference engine.model takes: another version, a fine-tune of the same base) answered
+    in the same job on the same rows, each by an engine pool of its own (`num_engines` engines, the same engine
+    settings): the result rows' `model_version` says which answered, and eval mode scores and tags each version.
+    With `adapters`, one job compares the base, its adapters and full fine-tunes on identical prompts."""
     mode: Literal["infer", "eval"] = "infer"
     """`eval` also computes metrics against the references and records them on the model version in MLflow."""
     input_format: Literal["auto", "jsonl", "parquet"] = "auto"
@@ -123,6 +128,10 @@ class Config:
             require(isinstance(ref, str) and bool(ref.strip()), f"adapters[{i}]", "must name an adapter")
             require(ref != self.engine.model, f"adapters[{i}]", "is engine.model itself (the base is always answered)")
             require(ref not in self.adapters[:i], f"adapters[{i}]", f"{ref} is listed twice")
+        for i, ref in enumerate(self.compare):
+            require(isinstance(ref, str) and bool(ref.strip()), f"compare[{i}]", "must name a model")
+            require(ref != self.engine.model, f"compare[{i}]", "is engine.model itself (it is always answered)")
+            require(ref not in self.compare[:i] and ref not in self.adapters, f"compare[{i}]", f"{ref} is listed twice")
         check_node_labels(self.node_labels, "node_labels")
         require(self.batch_size >= 1, "batch_size", f"must be at least 1, got {self.batch_size}")
         if self.max_concurrent_batches is None:

@@ -6,7 +6,7 @@ same input, which is what Ray Data's job-level checkpoint (`ray.data.checkpoint`
 job started again after a crash skips the sources already written (pipeline.py). It also tells a user
 which line a refused row was, and `id`s, which users choose, may repeat.
 
-A job that also answers with adapters (`adapters`) reads every row once per model: each copy carries the model's
+A job that answers with more than one model (`adapters`, `compare`) reads every row once per model: each copy carries the model's
 label in `model_version` and in its source (`prompts.jsonl:3@rayline-tiny-arith/2`), so the checkpoint's key
 stays unique and a resumed job answers exactly the (row, model) pairs not written yet.
 
@@ -82,14 +82,15 @@ def read_blocks(cfg: Config, input_bytes: int) -> int:
 
 
 def read_inputs(cfg: Config, fmt: str, models: list[str] | None = None) -> ray.data.Dataset:
-    """The input rows, each with its `source`: `text` per JSONL line, or the Parquet row's own columns; with more
-    than one of `models` (labels), each row once per model, the label in `model_version`."""
+    """The input rows, each with its `source`: `text` per JSONL line, or the Parquet row's own columns; with
+    `models` (labels: a job that answers with more than one model), each row once per model, the label in
+    `model_version` and in the source."""
     files = input_files(cfg, fmt)
     if not files:
         raise FileNotFoundError(f"input_uri {cfg.input_uri}: no {fmt} files under it")
     fs, root = storage.resolve(cfg.input_uri)
     paths = [storage.resolve(uri)[1] for uri in files]
-    models = models if models and len(models) > 1 else None
+    models = models or None
     # Copies made as the files are read, where Ray Data's job checkpoint filters the rows already written; a job
     # with `limit` (never resumable) takes its first rows before they are copied.
     source = PromptFiles(paths, root=root, fmt=fmt, models=None if cfg.limit else models, filesystem=fs)
@@ -105,11 +106,11 @@ def read_inputs(cfg: Config, fmt: str, models: list[str] | None = None) -> ray.d
 
 def count_input_rows(cfg: Config, fmt: str) -> int:
     """Rows the job will answer: Parquet footers' row counts, or JSONL lines (non-blank), capped by `limit`, once
-    per model (the base and each adapter). A Parquet file with a column named `source` (or `model_version`, in a
-    job with adapters) is refused here, before any engine starts."""
+    per model (the base, each adapter, each compared model). A Parquet file with a column named `source` (or
+    `model_version`, in a job with several models) is refused here, before any engine starts."""
     total = 0
     reserved = {SOURCE_COLUMN: "each result's input position (<file>#<row>)"}
-    if cfg.adapters:
+    if cfg.adapters or cfg.compare:
         reserved[MODEL_COLUMN] = "the model that answered each row"
     for uri in input_files(cfg, fmt):
         if fmt == "jsonl":
@@ -120,7 +121,7 @@ def count_input_rows(cfg: Config, fmt: str) -> int:
             if name in meta.schema.names:
                 raise ValueError(f"{uri}: has a column `{name}`, the name rayline gives {what}; rename that column")
         total += meta.num_rows
-    return (min(total, cfg.limit) if cfg.limit else total) * (1 + len(cfg.adapters))
+    return (min(total, cfg.limit) if cfg.limit else total) * (1 + len(cfg.adapters) + len(cfg.compare))
 
 
 def _non_empty_lines(fs, path: str, chunk: int = 8 << 20) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
@@ -64,6 +65,9 @@ class Result:
     """In a job with adapters: each adapter's label (`name/N`) -> its scores (eval mode) over the same rows as
     `scores`, which are the base's; every other figure above counts all the models' rows together."""
     adapter_eval_run_ids: dict[str, str] = field(default_factory=dict)
+    compared: dict[str, dict[str, float]] = field(default_factory=dict)
+    """In a job with `compare`: each compared model's label -> its scores over the same rows (eval mode)."""
+    compared_eval_run_ids: dict[str, str] = field(default_factory=dict)
 
 
 def metric_tags(cfg: Config, info: eng.ModelInfo) -> dict[str, str]:
@@ -130,18 +134,24 @@ def _engine_processor(cfg: Config, model_path: str, jsonl: bool, models: dict[st
     return processor
 
 
-def run_pipeline(cfg: Config, fmt: str, model_path: str, info: eng.ModelInfo, adapters: list[Adapter] = ()) -> None:
-    """Read (`fmt`: jsonl or parquet; each row once per model with `adapters`) -> validate + engine -> results ->
-    Parquet at output_uri (blocks until written)."""
-    models = {info.label: model_path, **{a.info.label: a.path for a in adapters}} if adapters else None
-    ds = read_inputs(cfg, fmt, list(models) if models else None)
-    ds = engine_processor(cfg, model_path, jsonl=fmt == "jsonl", models=models, adapters=adapters)(ds)
-    ds = ds.map_batches(
-        result_rows, fn_kwargs=dict(model_version=info.label, max_model_len=cfg.engine.max_model_len,
-                                    metric_tags=metric_tags(cfg, info)),
-        batch_format="pyarrow", num_cpus=cfg.cpu_stage_num_cpus,
-    )
-    write_results(ds, cfg)
+def run_pipeline(cfg: Config, fmt: str, model_path: str, info: eng.ModelInfo, adapters: list[Adapter] = (),
+                 compared: list[tuple[str, eng.ModelInfo]] = ()) -> None:
+    """Read (`fmt`: jsonl or parquet; each row once per model when the job answers with more than one) ->
+    validate + engine -> results -> Parquet at output_uri (blocks until written). The base and its `adapters`
+    share one engine pool; each `compared` model ((path, info)) gets a pool of its own, on its own copy of the
+    rows, and the branches meet before the write."""
+    tagged = bool(adapters or compared)
+    branches = []
+    for path, model, own in [(model_path, info, list(adapters))] + [(p, i, []) for p, i in compared]:
+        models = {model.label: path, **{a.info.label: a.path for a in own}} if tagged else None
+        ds = read_inputs(cfg, fmt, list(models) if models else None)
+        ds = engine_processor(cfg, path, jsonl=fmt == "jsonl", models=models, adapters=own)(ds)
+        branches.append(ds.map_batches(
+            result_rows, fn_kwargs=dict(model_version=model.label, max_model_len=cfg.engine.max_model_len,
+                                        metric_tags=metric_tags(cfg, model)),
+            batch_format="pyarrow", num_cpus=cfg.cpu_stage_num_cpus,
+        ))
+    write_results(branches[0].union(*branches[1:]) if len(branches) > 1 else branches[0], cfg)
 
 
 def write_results(ds: ray.data.Dataset, cfg: Config) -> None:
@@ -180,13 +190,33 @@ def tally_results(output_uri: str, metrics: list[str], batch_rows: int = 65_536,
 
 def resolve_adapters(cfg: Config, model_path: str, info: eng.ModelInfo) -> list[Adapter]:
     """cfg.adapters, each copied here and checked against the base before any engine starts."""
-    adapters = [resolve_adapter(ref, model_path, info, cfg.cache_dir, where=f"adapters[{i}]")
-                for i, ref in enumerate(cfg.adapters)]
-    labels = [info.label] + [a.info.label for a in adapters]
-    for i, a in enumerate(adapters):
-        if labels.index(a.info.label) != i + 1:
-            raise ValueError(f"adapters[{i}]: {cfg.adapters[i]} is {a.info.label}, which the job already answers with")
-    return adapters
+    return [resolve_adapter(ref, model_path, info, cfg.cache_dir, where=f"adapters[{i}]")
+            for i, ref in enumerate(cfg.adapters)]
+
+
+def resolve_compared(cfg: Config) -> list[tuple[str, eng.ModelInfo]]:
+    """cfg.compare, each resolved to a local checkpoint whose context fits engine.max_model_len."""
+    out = []
+    for i, ref in enumerate(cfg.compare):
+        path, info = eng.resolve_checkpoint(ref, cfg.cache_dir)
+        if (Path(path) / "adapter_config.json").is_file():
+            raise ValueError(f"compare[{i}]: {ref} is a LoRA adapter; list it under adapters (of its base)")
+        if not (Path(path) / "config.json").is_file():
+            raise FileNotFoundError(f"compare[{i}]: {ref}: no Hugging Face checkpoint (config.json) at {path}")
+        eng.check_max_model_len(cfg.engine, path)
+        out.append((path, info))
+    return out
+
+
+def check_distinct(cfg: Config, labels: list[str]) -> None:
+    """Every model of the job is a different version: two references to one version would answer twice."""
+    fields = ["engine.model"] + [f"adapters[{i}]" for i in range(len(cfg.adapters))] + \
+        [f"compare[{i}]" for i in range(len(cfg.compare))]
+    refs = [cfg.engine.model] + list(cfg.adapters) + list(cfg.compare)
+    for i, label in enumerate(labels):
+        first = labels.index(label)
+        if first != i:
+            raise ValueError(f"{fields[i]}: {refs[i]} is {label}, which {fields[first]} already answers with")
 
 
 def main(cfg: Config) -> Result:
@@ -195,8 +225,10 @@ def main(cfg: Config) -> Result:
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
     eng.check_max_model_len(cfg.engine, model_path)
     adapters = resolve_adapters(cfg, model_path, info)
+    compared = resolve_compared(cfg)
     fmt = input_format(cfg)
-    labels = [info.label] + [a.info.label for a in adapters]
+    labels = [info.label] + [a.info.label for a in adapters] + [i.label for _, i in compared]
+    check_distinct(cfg, labels)
     resumed_rows = prepare_output(cfg, job_identity(cfg, fmt, ", ".join(labels)))
     earlier = frozenset(storage.list_files(cfg.output_uri)) if resumed_rows else frozenset()
     init_ray()
@@ -208,14 +240,15 @@ def main(cfg: Config) -> Result:
     with job_checkpoint(cfg):
         if cfg.progress_every_s:
             with ProgressReporter(cfg.output_uri, planned, cfg.progress_every_s):
-                run_pipeline(cfg, fmt, model_path, info, adapters)
+                run_pipeline(cfg, fmt, model_path, info, adapters, compared)
         else:
-            run_pipeline(cfg, fmt, model_path, info, adapters)
+            run_pipeline(cfg, fmt, model_path, info, adapters, compared)
     job_done(cfg)
     wall = time.perf_counter() - started
 
-    tallies = tally_results(cfg.output_uri, cfg.metrics if cfg.mode == "eval" else [], by_model=bool(adapters))
-    tally, per_model = tallies if adapters else (tallies, {info.label: tallies})
+    several = len(labels) > 1
+    tallies = tally_results(cfg.output_uri, cfg.metrics if cfg.mode == "eval" else [], by_model=several)
+    tally, per_model = tallies if several else (tallies, {info.label: tallies})
     t = tally.totals()
     # Throughput is this run's: the rows it wrote (an earlier run's engines ran on other clocks).
     now = tally_results(cfg.output_uri, [], skip=earlier).totals() if earlier else t
@@ -229,16 +262,18 @@ def main(cfg: Config) -> Result:
     if cfg.mode == "eval":
         job = {"resumed_rows": resumed_rows, "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
                **({"steady_output_tokens_per_s": result.steady_output_tokens_per_s} if now.engine_busy_s else {})}
-        for model in [info] + [a.info for a in adapters]:
+        for model in [info] + [a.info for a in adapters] + [i for _, i in compared]:
             own = per_model.get(model.label) or batch_metrics.Tally(cfg.metrics)
             mt, scores = own.totals(), own.scores()
             counts = {"rows": mt.rows, "errors": mt.errors, "prompt_tokens": mt.prompt_tokens,
                       "output_tokens": mt.output_tokens, **job}
-            run_id = record_eval(cfg, model, scores, counts, compared=labels if adapters else None)
+            run_id = record_eval(cfg, model, scores, counts, compared=labels if several else None)
             if model is info:
                 result.scores, result.eval_run_id = scores, run_id
-            else:
+            elif any(model is a.info for a in adapters):
                 result.adapters[model.label], result.adapter_eval_run_ids[model.label] = scores, run_id
+            else:
+                result.compared[model.label], result.compared_eval_run_ids[model.label] = scores, run_id
     print(summary(result, cfg, info))
     return result
 
@@ -256,11 +291,14 @@ def summary(r: Result, cfg: Config, info: eng.ModelInfo) -> str:
     ]
     if r.adapters:
         lines[3] += f" and {len(r.adapters)} adapter(s): {', '.join(r.adapters)}; each answered every row"
+    if cfg.compare:
+        lines[3] += f"; compared with {', '.join(i for i in r.compared) or ', '.join(cfg.compare)} (an engine pool each)"
     if r.scores:
         scored = ", ".join(f"{m} {r.scores[m]:.4f}" for m in cfg.metrics)
         where = f"tags {EVAL_TAG_PREFIX}* on {info.label}" if info.name else "no version tags (not a registry model)"
         lines.append(f"  eval:       {scored} over {int(r.scores['scored_rows'])} rows; MLflow run {r.eval_run_id}, {where}")
-        for label, scores in r.adapters.items():
+        for label, scores in {**r.adapters, **r.compared}.items():
             scored = ", ".join(f"{m} {scores[m]:.4f}" for m in cfg.metrics)
-            lines.append(f"    {label}: {scored}; MLflow run {r.adapter_eval_run_ids[label]}, tags {EVAL_TAG_PREFIX}* on it")
+            run_id = r.adapter_eval_run_ids.get(label) or r.compared_eval_run_ids[label]
+            lines.append(f"    {label}: {scored}; MLflow run {run_id}, tags {EVAL_TAG_PREFIX}* on it")
     return "\n".join(lines)

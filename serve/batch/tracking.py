@@ -17,7 +17,7 @@ TAG_MODEL_NAME = "rayline.model_name"
 TAG_MODEL_VERSION = "rayline.model_version"
 TAG_MODEL_REF = "rayline.model_ref"
 TAG_COMPARED = "rayline.eval_models"
-"""On each eval run of a job with adapters: every model the job answered with, on the same rows."""
+"""On each eval run of a job with several models (adapters, compare): every model it answered with, on the same rows."""
 STAGE = "batch_infer"
 
 # Version tags copied onto the eval run so the run alone tells which data and base model it scored.

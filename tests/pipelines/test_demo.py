@@ -14,7 +14,7 @@ import pytest
 
 from pipelines import registry
 from pipelines.config import to_dict
-from pipelines.demo import LORA_APP, QUESTION, DemoConfig, main
+from pipelines.demo import BASE_MODEL_NAME, LORA_APP, QUESTION, DemoConfig, main
 from serve import rollout_record
 from serve.deploy_target import LocalServe
 from train.tune import TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
@@ -162,8 +162,11 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
         (LORA_APP["app_name"], result.adapter_model, result.adapter_version)]
     rollouts = prometheus.wait_for(url, f'sum by (outcome) (ray_rayline_rollouts_total{{model="{cfg.model_name}"}})')
     assert {s["metric"]["outcome"]: float(s["value"][1]) for s in rollouts} == {"deployed": 1.0}
-    evals = prometheus.query(url, 'sum by (run) (ray_rayline_batch_rows_done_total{mode="eval"})')
-    assert {s["metric"]["run"] for s in evals} >= {"base", "fine-tuned"}
+    # One eval job answered with two engine pools: the base's (its adapter's rows too) and the fine-tuned model's.
+    evals = prometheus.query(url, 'sum by (run, model) (ray_rayline_batch_rows_done_total{mode="eval"})')
+    models = {s["metric"]["model"] for s in evals if s["metric"]["run"] == "eval"}
+    assert f"{cfg.model_name}/{result.model_version}" in models, models
+    assert any(m.startswith(f"{BASE_MODEL_NAME}/") for m in models), models
     steps = prometheus.query_range(url, f'max(ray_rayline_train_step{{run="{result.train_run_id}"}})',
                                    result.started_at, time.time())
     assert steps and max(float(v) for _, v in steps[0]["values"]) > 0

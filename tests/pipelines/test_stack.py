@@ -204,9 +204,26 @@ def test_worker_nodes_join_the_head_on_loopback(mini_cfg):
                                               ({"nodes": 2, "node_port_base": 29950},
                                                "node_port_base: ports 30050-30249 overlap 30000-31000, where Serve"),
                                               ({"min_worker_port": 39000, "max_worker_port": 40500},
-                                               "min_worker_port: ports 39000-40500 overlap 40000-41000")])
+                                               "min_worker_port: ports 39000-40500 overlap 40000-41000"),
+                                              ({"ray_env": {"RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S": 2}}, "ray_env")])
 def test_bad_worker_node_settings_are_named(overrides, field):
     from pipelines.config import ConfigError
 
     with pytest.raises(ConfigError, match=field):
         from_dict(stack.StackConfig, overrides, "stack.json")
+
+
+def test_every_ray_process_gets_the_registry_and_the_extra_env(mini_cfg):
+    """The cluster's own processes (a Serve app built from an unpinned config, a replica resolving an adapter's
+    alias) reach the stack's MLflow, and `ray_env` reaches the head and every worker node."""
+    import dataclasses
+
+    from pipelines.stack_parts import specs
+
+    cfg = dataclasses.replace(mini_cfg, nodes=2, ray_env={"RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S": "2"})
+    parts = specs(cfg)
+    envs = [env for _, _, env in parts["ray"] + parts["nodes"]]
+    assert len(envs) == 3
+    for env in envs:
+        assert env["MLFLOW_TRACKING_URI"] == f"http://127.0.0.1:{cfg.mlflow_port}"
+        assert env["RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S"] == "2"

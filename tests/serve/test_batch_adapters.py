@@ -1,9 +1,11 @@
-"""The batch stage evaluates a base and several LoRA adapters of it in one pass (issue 18): one engine pool, every
-prompt answered by every model, each model's eval tags on its own version.
+"""The batch stage evaluates a base, several LoRA adapters of it and another full model in one job (issue 18): the
+base and its adapters on one engine pool, the full model (`compare`) on a pool of its own, every prompt answered by
+every model, each model's eval tags on its own version.
 
 Adapters are written by peft on the tiny model and registered as versions of their own, each tagged with the base
 version it belongs to. One is all zeros (peft's own initialisation: it must answer exactly as the base); two have
-random weights (they must answer differently, and as peft answers with the same adapter).
+random weights (they must answer differently, and as peft answers with the same adapter). The full model is the
+base with adapter `a` merged into its weights by peft: it must answer as `a` does.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ MAX_TOKENS = 6
 
 @pytest.fixture(scope="module")
 def models(local_stack, tiny_model_dir, tmp_path_factory):
-    """The tiny model registered as the base, and three adapters registered as versions 1-3 of `<base>-lora`."""
+    """The tiny model registered as the base, three adapters registered as versions 1-3 of `<base>-lora`, and the base
+    with adapter `a` merged in, registered as `<base>-merged` (a full model: `compare`)."""
     base = f"batch-lora-{uuid.uuid4().hex[:8]}"
     root = tmp_path_factory.mktemp("adapters")
     with registry.start_run("rayline-test-batch", "register", tags=registry.lineage_tags("test")) as run:
@@ -42,7 +45,21 @@ def models(local_stack, tiny_model_dir, tmp_path_factory):
             dirs[kind] = write_adapter(tiny_model_dir, root / kind, seed)
             registry.register_checkpoint(f"{base}-lora", str(dirs[kind]), run_id=run.info.run_id, tags={
                 registry.TAG_BASE_MODEL: base_ref, registry.TAG_ADAPTER: "lora", registry.TAG_LORA_RANK: "4"})
-    return base_ref, {kind: (f"models:/{base}-lora/{i + 1}", path) for i, (kind, path) in enumerate(dirs.items())}
+        merged = merge_adapter(tiny_model_dir, dirs["a"], root / "merged")
+        mv = registry.register_checkpoint(f"{base}-merged", str(merged), run_id=run.info.run_id)
+    return base_ref, {kind: (f"models:/{base}-lora/{i + 1}", path) for i, (kind, path) in enumerate(dirs.items())}, \
+        (f"models:/{base}-merged/{mv.version}", merged)
+
+
+def merge_adapter(base_dir, adapter_dir, out):
+    """The base with the adapter folded into its weights (peft's merge_and_unload), saved as a full checkpoint."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), str(adapter_dir))
+    model.merge_and_unload().save_pretrained(out)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +70,13 @@ def prompts(sample_corpus_dir, tmp_path_factory):
     return path
 
 
-def job(models, prompts, output_uri: str, adapters: list[str]) -> Config:
-    base_ref, _ = models
+def job(models, prompts, output_uri: str, adapters: list[str], compare: list[str] = ()) -> Config:
+    base_ref = models[0]
+    # Two engine pools (the base's, the compared model's) beside the test session's Serve app on 2 CPUs.
+    engine = {"model": base_ref, **CPU_ENGINE, **({"cpus_per_engine": 0.5} if compare else {})}
     return from_dict(Config, {
         "mode": "eval", "input_uri": str(prompts), "output_uri": output_uri, "adapters": adapters,
-        "sampling": {"max_tokens": MAX_TOKENS, "temperature": 0.0}, "engine": {"model": base_ref, **CPU_ENGINE},
+        "compare": list(compare), "sampling": {"max_tokens": MAX_TOKENS, "temperature": 0.0}, "engine": engine,
         "batch_size": 8, "max_concurrent_batches": 2, "mlflow_experiment": "rayline-test-batch",
     })
 
@@ -68,7 +87,7 @@ def run(models, prompts, tmp_path_factory):
     from serve.batch.pipeline import main, read_results
 
     adapters = [ref for ref, _ in models[1].values()]
-    cfg = job(models, prompts, str(tmp_path_factory.mktemp("lora-out") / "r"), adapters)
+    cfg = job(models, prompts, str(tmp_path_factory.mktemp("lora-out") / "r"), adapters, [models[2][0]])
     init_ray()
     try:
         result = main(cfg)
@@ -80,9 +99,10 @@ def run(models, prompts, tmp_path_factory):
 
 
 def labels(models) -> dict[str, str]:
-    """kind ("base", "zero", "a", "b") -> the model_version label its rows carry (`name/N`)."""
-    base_ref, adapters = models
-    return {"base": base_ref.removeprefix("models:/"), **{k: ref.removeprefix("models:/") for k, (ref, _) in adapters.items()}}
+    """kind ("base", "zero", "a", "b", "merged") -> the model_version label its rows carry (`name/N`)."""
+    base_ref, adapters, (merged_ref, _) = models
+    return {"base": base_ref.removeprefix("models:/"), **{k: ref.removeprefix("models:/") for k, (ref, _) in adapters.items()},
+            "merged": merged_ref.removeprefix("models:/")}
 
 
 # ---- no engine ----
@@ -103,6 +123,14 @@ def test_adapter_list_errors_name_the_entry(adapters, field):
                            "adapters": adapters})
 
 
+@pytest.mark.parametrize("compare, field", [(["models:/x/1", "models:/x/1"], "compare[1]"), (["models:/base/1"], "compare[0]"),
+                                            (["models:/a/1"], "compare[0]"), ([" "], "compare[0]")])
+def test_compare_list_errors_name_the_entry(compare, field):
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        from_dict(Config, {"input_uri": "p.jsonl", "output_uri": "out", "engine": {"model": "models:/base/1"},
+                           "adapters": ["models:/a/1"], "compare": compare})
+
+
 def test_engines_get_the_smallest_rank_vllm_takes_and_room_for_every_adapter():
     from serve.adapters import Adapter
 
@@ -115,7 +143,7 @@ def test_engines_get_the_smallest_rank_vllm_takes_and_room_for_every_adapter():
 def test_an_adapter_of_another_base_version_is_refused_before_any_engine(models, prompts, tmp_path, tiny_model_dir):
     from serve.batch.pipeline import main
 
-    base_ref, adapters = models
+    base_ref, adapters, _ = models
     name = base_ref.removeprefix("models:/").rsplit("/", 1)[0]
     with registry.start_run("rayline-test-batch", "register", tags=registry.lineage_tags("test")) as run:
         other = registry.register_checkpoint(f"{name}-lora", str(adapters["a"][1]), run_id=run.info.run_id,
@@ -132,10 +160,15 @@ def test_an_adapter_of_another_base_version_is_refused_before_any_engine(models,
         main(job(models, prompts, str(tmp_path / "out"), [adapters["a"][0], str(broken)]))
     with pytest.raises(AdapterError, match=r"adapters\[0\]: .* is not a PEFT adapter .*it is a full model"):
         main(job(models, prompts, str(tmp_path / "out"), [str(tiny_model_dir)]))
+    with pytest.raises(ValueError, match=r"compare\[0\]: .* is a LoRA adapter; list it under adapters"):
+        main(job(models, prompts, str(tmp_path / "out"), [], [adapters["a"][0]]))
+    registry.set_alias(name, "same", "1")  # another reference to the base's own version
+    with pytest.raises(ValueError, match=rf"compare\[0\]: models:/{name}@same is {name}/1, which engine.model already"):
+        main(job(models, prompts, str(tmp_path / "out"), [], [f"models:/{name}@same"]))
     assert not (tmp_path / "out").exists()  # refused before the job wrote anything
 
 
-# ---- one job: the base and three adapters ----
+# ---- one job: the base, three adapters and a full model ----
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
@@ -144,7 +177,10 @@ def test_every_prompt_is_answered_once_by_every_model(run, models):
     by_kind = labels(models)
     assert sorted((r["source"], r["model_version"]) for r in rows) == sorted(
         (f"prompts.jsonl:{i}@{label}", label) for i in range(1, N_ROWS + 2) for label in by_kind.values())
-    assert result.rows == 4 * (N_ROWS + 1) and result.errors == 4 and result.error_codes == {"missing_prompt": 4}
+    assert result.rows == 5 * (N_ROWS + 1) and result.errors == 5 and result.error_codes == {"missing_prompt": 5}
+    from serve.batch.inputs import count_input_rows
+
+    assert count_input_rows(cfg, "jsonl") == result.rows  # what the job planned (its progress, its ETA) it wrote
     assert all(r["output"] is not None for r in rows if r["id"] != "bad")
 
 
@@ -167,6 +203,9 @@ def test_each_row_is_answered_by_the_adapter_it_names(run, models, tiny_model_di
         differ = sum(by_kind[kind][i] != by_kind["base"][i] for i in by_kind["base"])
         assert differ >= N_ROWS // 2, (kind, differ)
     assert sum(by_kind["a"][i] != by_kind["b"][i] for i in by_kind["a"]) >= N_ROWS // 2
+    # The merged full model, on its own engine pool, answers as adapter a does on the base's pool (float rounding
+    # between a merged weight and base + LoRA may flip a near-tie; most rows must agree).
+    assert sum(by_kind["merged"][i] == by_kind["a"][i] for i in by_kind["a"]) >= N_ROWS * 3 // 4, by_kind
 
     # peft on the same prompt, greedy: what adapter a must have said on the first rows.
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -194,15 +233,16 @@ def test_each_model_s_scores_land_on_its_own_version(run, models):
         scored = [r for r in rows if r["model_version"] == label and r["reference"] is not None]
         assert len(scored) == N_ROWS
         expected = sum(exact_match(r["output"], r["reference"]) for r in scored) / N_ROWS
-        got = result.scores if kind == "base" else result.adapters[label]
+        got = {"base": result.scores, "merged": result.compared.get(label)}.get(kind) or result.adapters[label]
         assert got["exact_match"] == pytest.approx(expected) and got["scored_rows"] == N_ROWS
         name, version = label.rsplit("/", 1)
         tags = c.get_model_version(name, version).tags
         assert float(tags[f"{EVAL_TAG_PREFIX}exact_match"]) == pytest.approx(expected, abs=1e-4)
         run_id = tags[f"{EVAL_TAG_PREFIX}run_id"]
-        assert run_id == (result.eval_run_id if kind == "base" else result.adapter_eval_run_ids[label])
+        assert run_id == {"base": result.eval_run_id, "merged": result.compared_eval_run_ids.get(label)}.get(
+            kind, result.adapter_eval_run_ids.get(label))
         eval_run = c.get_run(run_id)
         assert eval_run.data.tags[TAG_COMPARED] == ", ".join(by_kind.values())
         assert eval_run.data.metrics["rows"] == N_ROWS + 1 and eval_run.data.metrics["errors"] == 1
         run_ids.add(run_id)
-    assert len(run_ids) == 4
+    assert len(run_ids) == 5

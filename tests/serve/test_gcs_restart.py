@@ -46,7 +46,7 @@ def gcs_stack(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_killed_gcs_comes_back_with_its_state_while_the_workers_serve(gcs_stack, tiny_model_dir):
-    run = serve_gcs_restart(gcs_stack, tiny_model_dir)
+    run = serve_gcs_restart(gcs_stack, tiny_model_dir, warm_s=4.0, outage_s=2.0, after_s=3.0)
     report = run.summary()
     print(f"GCS killed under load: {report}; replica events (s, replica, state): {run.events}")
     assert run.redis_keys > 0  # the GCS kept its tables in Redis

@@ -24,7 +24,7 @@ STREAMS = 6
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_lost_replica_node_is_replaced_while_the_other_replica_serves(worker_nodes, tiny_model_dir):
-    loss = serve_node_loss(worker_nodes, tiny_model_dir, streams=STREAMS)
+    loss = serve_node_loss(worker_nodes, tiny_model_dir, streams=STREAMS, warm_s=4.0)
     report = loss.summary()
     print(f"node loss under load: {report}; replica events (s, replica, state): {loss.events}")
     before, after = loss.nodes_before, loss.nodes_after
@@ -49,7 +49,7 @@ def test_a_lost_replica_node_is_replaced_while_the_other_replica_serves(worker_n
 def test_a_lost_engine_node_loses_no_row_and_duplicates_none(worker_nodes, ray_session, s3_bucket, tiny_model_dir,
                                                              tmp_path):
     output_uri = f"{s3_bucket}/batch-node-loss/{uuid.uuid4().hex[:8]}/out"
-    loss = batch_node_loss(worker_nodes, tiny_model_dir, output_uri, tmp_path)
+    loss = batch_node_loss(worker_nodes, tiny_model_dir, output_uri, tmp_path, rows=400)
     print(f"batch engine node loss: {loss.summary()}")
     before = loss.nodes_before
     # One engine on each worker node when the node went, and the job went on without the lost one.

@@ -27,7 +27,7 @@ from tests.serve.serving import ChatLoad, ReplicaTimeline, deploy, register_fres
 
 APP, PREFIX, MODEL = "rayline-test-autoscale", "/autoscale-test", "rayline-autoscale-test"
 AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
-               "upscale_delay_s": 2.0, "downscale_delay_s": 8.0, "look_back_period_s": 4.0}
+               "upscale_delay_s": 2.0, "downscale_delay_s": 8.0, "look_back_period_s": 4.0, "metrics_interval_s": 1.0}
 IDLE_TIMEOUT_S = 10.0
 STREAMS = 8
 # A 1-CPU head holds the ingress (0.05 CPU) and one engine replica (0.9): a second replica needs a node.
@@ -36,6 +36,9 @@ AUTOSCALING_STACK = {
     "min_worker_port": 26000, "max_worker_port": 26999, "metrics_export_port": 8196, "mlflow_port": 5031,
     "serve_port": 8031, "prometheus": False, "num_cpus": 1,
     "autoscale_nodes": 1, "node_cpus": 1, "autoscale_idle_timeout_s": IDLE_TIMEOUT_S,
+    # A node's Serve proxy drains for at least 30 s (Serve's default) once its replica left, and the node is not idle
+    # until it is gone: 2 s here, so the idle timeout starts soon after the replica stopped.
+    "ray_env": {"RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S": "2"},
 }
 
 
