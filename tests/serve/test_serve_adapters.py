@@ -203,6 +203,21 @@ def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request
     assert gauge() == want
 
 
+def test_concurrent_requests_each_get_the_model_they_name(app, client):
+    """Base and adapter requests in flight together share the engine's batches; each is still answered by the
+    model it names (vLLM 0.32's CPU LoRA gave base tokens the last adapter slot's weights: serve/vllm_cpu_lora.py;
+    after the swap above, that slot holds `a`'s version 3)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = ["What is 3 + 4?", "Is 9 even or odd?", "Name a fruit.", "What is 12 - 5?"]
+    alone = {m: [ask(client, m, p).choices[0].message.content for p in prompts] for m in ("rayline", "rayline:a")}
+    assert sum(x != y for x, y in zip(alone["rayline"], alone["rayline:a"])) >= 2, alone
+    with ThreadPoolExecutor(len(prompts) * 2) as pool:
+        together = {m: [pool.submit(ask, client, m, p) for p in prompts] for m in ("rayline:a", "rayline")}
+        together = {m: [f.result().choices[0].message.content for f in fs] for m, fs in together.items()}
+    assert together == alone
+
+
 def test_a_broken_adapter_is_refused_at_the_gate_and_the_alias_rolls_back(app, client, tmp_path):
     from serve.adapter_check import ADAPTER_WEIGHTS
     from serve.rollout import REJECTED
