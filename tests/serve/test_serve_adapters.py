@@ -141,6 +141,17 @@ def test_a_rollback_of_an_unpinned_app_restores_the_previous_version_not_the_ali
     restored = adapters_of(rollout._pinned(current, previous))
     assert restored == {"a": {"ref": f"models:/{ADAPTERS}/1"}, "b": {"ref": f"models:/{ADAPTERS}/2"}}
     assert rollout._pinned(current, ServedModel(source="", ref="x")) == current  # no version known: as it was
+    # The same for the base: its version read from the replicas' model card, restored pinned to it.
+    from serve.app import served_model_of
+    from serve.rollout import Rollout
+    from serve.rollout_config import Config as RolloutConfig
+
+    base_rollout = Rollout(from_dict(RolloutConfig, {"alias": "champion", "gate": {"min_metrics": {}}}),
+                           serve_cfg=from_dict(ServeConfig, app["cfg"]), target=app["target"])
+    base = base_rollout._served(current)
+    assert served_model_of(current) is None and base.label == app["base"]
+    restored = base_rollout._pinned(current, base)
+    assert served_model_of(restored).label == app["base"] and restored["args"]["config"] == current["args"]["config"]
 
 
 def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request(app, client):
