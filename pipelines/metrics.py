@@ -83,6 +83,11 @@ METRICS: dict[str, Metric] = {
                                              ("app", "served_model", "adapter", "model", "version")),
     "rayline_serve_requests": Metric(COUNTER, "HTTP requests answered by a replica, by served version and status "
                                               "code.", ("app", "model", "version", "code")),
+    "rayline_canary_requests": Metric(COUNTER, "Live requests of a canary by the side that answered them (champion, "
+                                               "challenger; mode live or shadow) and outcome.",
+                                      ("app", "role", "mode", "outcome")),
+    "rayline_canary_ttft_seconds": Metric(HISTOGRAM, "Time to first byte of a canary's live requests, by side.",
+                                          ("app", "role"), (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)),
     # serve/rollout.py (a rollout run on the cluster: a Ray job or the rendered RayJob)
     "rayline_rollouts": Metric(COUNTER, "Rollouts by outcome (deployed, rejected at the gate, rolled_back, ...).",
                                ("model", "outcome")),

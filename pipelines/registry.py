@@ -41,6 +41,12 @@ DEFAULT_ALIAS = "champion"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
+def project_path(path: str | Path) -> Path:
+    """A config path as given when it exists from the working directory, else relative to the project."""
+    p = Path(path)
+    return p if p.is_absolute() or p.is_file() else PROJECT_ROOT / p
+
+
 def tracking_uri() -> str:
     """The MLflow tracking URI in force (MLFLOW_TRACKING_URI, else the local stack's default)."""
     return os.environ.get("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
@@ -161,6 +167,19 @@ def register_checkpoint(
 
 def set_alias(name: str, alias: str, version: int | str) -> None:
     client().set_registered_model_alias(name, alias, str(version))
+
+
+def delete_alias(name: str, alias: str) -> None:
+    """Remove `name@alias` (nothing to do when it is not set)."""
+    from mlflow.exceptions import MlflowException
+
+    if get_alias(name, alias) is None:
+        return
+    try:
+        client().delete_registered_model_alias(name, alias)
+    except MlflowException as e:
+        if "RESOURCE_DOES_NOT_EXIST" not in str(e.error_code):
+            raise
 
 
 def get_alias(name: str, alias: str = DEFAULT_ALIAS) -> ModelVersion | None:

@@ -92,6 +92,10 @@ class LocalServe:
     def describe(self) -> str:
         return f"Ray Serve at {self.url} (app {self.app_name!r})"
 
+    def for_app(self, app_name: str) -> "LocalServe":
+        """Another application on the same Serve (a canary's challenger)."""
+        return LocalServe(app_name, self.url, self.token, self.timeout_s)
+
     def _call(self, method: str, body: dict | None = None) -> dict:
         headers = {"Content-Type": "application/json"}
         if self.token:
@@ -180,6 +184,10 @@ class KubeRayService:
 
     def describe(self) -> str:
         return f"RayService {self.namespace}/{self.name} (app {self.app_name!r})"
+
+    def for_app(self, app_name: str) -> "KubeRayService":
+        """Another application in the same RayService's serveConfigV2 (a canary's challenger)."""
+        return KubeRayService(app_name, self.name, self.namespace, self._api, self.group, self.version, self.plural)
 
     def _api_error(self, verb: str, e: Exception) -> DeployError:
         """The API server's answer as the person running the rollout can act on it (kubernetes' ApiException

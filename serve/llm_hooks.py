@@ -92,6 +92,9 @@ class RaylineServer(LLMServer):
         self._rayline = dict(rayline or {})
         self._request_metrics = request_metrics
         await super().__init__(llm_config, **kwargs)
+        from serve.canary_split import CanaryState
+
+        self._canary = CanaryState({"app": served_tags(llm_config.model_id, self._rayline)["app"]})
         self._adapters = None
         if llm_config.engine_kwargs.get("enable_lora"):
             from serve.served_adapters import AdapterSet
@@ -102,7 +105,8 @@ class RaylineServer(LLMServer):
 
     async def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Serve's call with the deployment's `user_config` (serve/app.py), at start and whenever it changes: the
-        adapter set, swapped in place (serve/served_adapters.py)."""
+        adapter set, swapped in place (serve/served_adapters.py), and a canary's split (serve/canary_split.py)."""
+        self._canary.configure((user_config or {}).get("canary"))
         wanted = (user_config or {}).get("adapters") or {}
         if self._adapters is None:
             if wanted:
@@ -117,6 +121,9 @@ class RaylineServer(LLMServer):
         metrics.gauge("rayline_served_version", 1, **tags)
         if self._request_metrics:
             app.add_middleware(CountResponses, tags={k: tags[k] for k in ("app", "model", "version")})
+        from serve.canary_split import CanarySplit
+
+        app.add_middleware(CanarySplit, state=self._canary)  # outermost: a request it forwards is not counted here
         return app
 
 

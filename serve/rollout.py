@@ -18,7 +18,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import mlflow
 from mlflow.exceptions import MlflowException
@@ -63,10 +62,7 @@ class RolloutResult:
 
 def load_serve_config(cfg: Config) -> ServeConfig:
     """The serving config the app is rendered from: `serve_config` (cwd, then project root) + `serve_overrides`."""
-    path = Path(cfg.serve_config)
-    if not path.is_absolute() and not path.is_file():
-        path = registry.PROJECT_ROOT / path
-    return load_config(ServeConfig, path, cfg.serve_overrides)
+    return load_config(ServeConfig, registry.project_path(cfg.serve_config), cfg.serve_overrides)
 
 
 class Rollout:
@@ -99,6 +95,12 @@ class Rollout:
     def once(self, triggered_by: str | None = None) -> RolloutResult:
         cfg, name = self.cfg, self.name
         trigger = triggered_by or cfg.triggered_by or rec.default_trigger()
+        if cfg.canary.steps and not cfg.adapter:
+            challenger = registry.get_alias(name, cfg.canary.alias)
+            if challenger is not None:
+                from serve.canary import Canary
+
+                return Canary(self).run(challenger, trigger)
         mv = registry.get_alias(name, cfg.alias)
         if mv is None:
             return RolloutResult(SKIPPED, name, reason=f"alias {name}@{cfg.alias} is not set in MLflow")
@@ -331,7 +333,8 @@ class Rollout:
         receiver = None
         if cfg.webhook_port:
             secret = os.environ.get(cfg.webhook_secret_env) or None
-            receiver = WebhookReceiver(self.name, cfg.alias, on_alias, cfg.webhook_host, cfg.webhook_port,
+            aliases = (cfg.alias, cfg.canary.alias) if cfg.canary.steps and not cfg.adapter else cfg.alias
+            receiver = WebhookReceiver(self.name, aliases, on_alias, cfg.webhook_host, cfg.webhook_port,
                                        cfg.webhook_path, secret).start()
             log.info("webhook receiver on %s", receiver.url)
             if cfg.register_webhook:

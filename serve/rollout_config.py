@@ -28,6 +28,50 @@ class GateConfig:
 
 
 @dataclass
+class CanaryConfig:
+    """Champion and challenger (serve/canary.py): a version with the `alias` below takes a growing share of live
+    traffic beside the champion, is judged on each step's live metrics and a quality probe, and becomes champion
+    or is rolled back. Off while `steps` is empty."""
+
+    alias: str = "challenger"
+    steps: list[float] = field(default_factory=list)
+    """Shares of live requests the challenger takes (split) or gets a copy of (shadow), one step each, e.g. [0.05, 0.25, 0.5]."""
+    step_s: float = 60.0
+    """How long each step runs before it is judged."""
+    mode: Literal["split", "shadow"] = "split"
+    """split: the challenger answers its share; shadow: it answers copies, and clients only ever get the champion's."""
+    sticky_header: str = ""
+    """Request header whose value keeps a client on one version; "" = the request body's `user`."""
+    route_prefix: str = ""
+    """Route of the challenger's own Serve app; "" = <the serving config's route_prefix>/-challenger."""
+    min_requests: int = 5
+    """Live challenger requests a step needs to be judged; fewer -> the step fails (no evidence is no pass)."""
+    max_error_ratio: float = 0.01
+    """The challenger's share of failed live requests may not exceed this (nor the champion's by more than it)."""
+    max_ttft_p50_ratio: float = 1.5
+    max_ttft_p99_ratio: float = 2.0
+    max_itl_ratio: float = 1.5
+    """Challenger / champion ratios of TTFT p50 and p99 and mean inter-token latency, above which the step fails."""
+    latency_slack_s: float = 0.05
+    """Added to the champion's figure before a latency ratio is applied (loopback latencies of a few ms are noise)."""
+    probe_uri: str = ""
+    """JSONL of chat records whose last message is the known answer (an eval split); "" = no quality probe."""
+    probe_size: int = 8
+    probe_max_tokens: int = 16
+    max_quality_drop: float = 0.1
+    """The challenger's probe exact match may be at most this below the champion's."""
+
+    def __post_init__(self) -> None:
+        require(all(0 < s <= 1 for s in self.steps), "canary.steps", f"shares must be within (0, 1], got {self.steps}")
+        require(list(self.steps) == sorted(self.steps), "canary.steps", f"must not decrease, got {self.steps}")
+        require(self.step_s > 0, "canary.step_s", f"must be > 0, got {self.step_s}")
+        require(self.mode in ("split", "shadow"), "canary.mode", f"must be split or shadow, got {self.mode!r}")
+        require(self.min_requests >= 0 and self.probe_size >= 0, "canary.min_requests", "counts must be >= 0")
+        require(not self.route_prefix or self.route_prefix.startswith("/"), "canary.route_prefix",
+                f"must start with '/', got {self.route_prefix!r}")
+
+
+@dataclass
 class KubernetesConfig:
     """The RayService to update when `target: kubernetes`."""
 
@@ -55,6 +99,8 @@ class Config:
     """Ray dashboard for `target: local`; "" = RAY_ADDRESS (when an http URL), else http://127.0.0.1:8265."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    canary: CanaryConfig = field(default_factory=CanaryConfig)
+    """With `canary.steps`, a version with the `canary.alias` (challenger) is rolled out gradually beside `alias`."""
     deploy_timeout_s: float = 900.0
     """How long the new replicas may take to become healthy before the rollout is rolled back."""
     smoke_timeout_s: float = 120.0

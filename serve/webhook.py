@@ -55,7 +55,8 @@ class WebhookReceiver:
 
     def __init__(self, model: str, alias: str, on_alias: Callable[[dict, str], None], host: str = "127.0.0.1",
                  port: int = 0, path: str = "/mlflow-webhook", secret: str | None = None):
-        self.model, self.alias, self.on_alias, self.path, self.secret = model, alias, on_alias, path, secret
+        self.model, self.on_alias, self.path, self.secret = model, on_alias, path, secret
+        self.aliases = (alias,) if isinstance(alias, str) else tuple(alias)
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -102,8 +103,8 @@ class WebhookReceiver:
             return 400, {"error": "body is not a JSON webhook payload"}
         if kind != EVENT:
             return 200, {"accepted": False, "reason": f"event {kind} is not {EVENT}"}
-        if data.get("name") != self.model or data.get("alias") != self.alias:
-            return 200, {"accepted": False, "reason": f"not {self.model}@{self.alias}"}
+        if data.get("name") != self.model or data.get("alias") not in self.aliases:
+            return 200, {"accepted": False, "reason": f"not {self.model}@{'|'.join(self.aliases)}"}
         self.on_alias(data, delivery_id)
         return 200, {"accepted": True}
 

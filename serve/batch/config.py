@@ -115,6 +115,9 @@ class Config:
     """MLflow run name in eval mode (default `eval-<model label>`)."""
     dataset_name: str | None = None
     """What `eval.dataset` records (default the input URI)."""
+    gate_config: str = ""
+    """Eval mode: a rollout YAML whose `gate` judges each scored version now (tags gate.verdict / gate.reasons on
+    its page, beside its eval report); "" = no verdict. Relative paths: the working directory, then the project."""
 
     def __post_init__(self) -> None:
         require(bool(self.input_uri.strip()), "input_uri", "must name a JSONL/Parquet file or directory")

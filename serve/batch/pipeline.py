@@ -37,6 +37,7 @@ from serve.batch.progress import ProgressReporter
 from serve.batch.resume import job_checkpoint, job_done, job_identity, prepare_output
 from serve.batch.rows import result_rows
 from serve.batch.rows import MODEL_COLUMN
+from serve.batch import report
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
 from serve.adapters import Adapter, lora_engine_kwargs, resolve_adapter
 
@@ -262,20 +263,41 @@ def main(cfg: Config) -> Result:
     if cfg.mode == "eval":
         job = {"resumed_rows": resumed_rows, "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
                **({"steady_output_tokens_per_s": result.steady_output_tokens_per_s} if now.engine_busy_s else {})}
+        runs: dict[str, str] = {}
         for model in [info] + [a.info for a in adapters] + [i for _, i in compared]:
             own = per_model.get(model.label) or batch_metrics.Tally(cfg.metrics)
             mt, scores = own.totals(), own.scores()
             counts = {"rows": mt.rows, "errors": mt.errors, "prompt_tokens": mt.prompt_tokens,
                       "output_tokens": mt.output_tokens, **job}
             run_id = record_eval(cfg, model, scores, counts, compared=labels if several else None)
+            runs[model.label] = run_id
             if model is info:
                 result.scores, result.eval_run_id = scores, run_id
             elif any(model is a.info for a in adapters):
                 result.adapters[model.label], result.adapter_eval_run_ids[model.label] = scores, run_id
             else:
                 result.compared[model.label], result.compared_eval_run_ids[model.label] = scores, run_id
+        publish_reports(cfg, runs, {info.label: model_path, **{a.info.label: a.path for a in adapters},
+                                    **{i.label: p for p, i in compared}},
+                        [info] + [a.info for a in adapters] + [i for _, i in compared], per_model,
+                        {a.info.label for a in adapters})
     print(summary(result, cfg, info))
     return result
+
+
+def publish_reports(cfg: Config, runs: dict[str, str], sources: dict[str, str], models: list[eng.ModelInfo],
+                    per_model: dict, adapters: set[str]) -> None:
+    """Each registered model's promotion evidence (serve/batch/report.py): its report on its eval run, and tags."""
+    scores = {label: tally.scores() for label, tally in per_model.items()}
+    for model in models:
+        if not (model.name and model.version):
+            continue
+        rep = report.build_report(model, scores.get(model.label, {}), scores, cfg.output_uri, cfg.metrics)
+        verdict = report.gate_verdict(cfg.gate_config, model, sources[model.label], model.label in adapters)
+        tags = report.publish(rep, model, runs[model.label], verdict)
+        print(f"batch_infer: {model.label}: eval report {tags[report.TAG_REPORT]}"
+              + (f", vs {tags[report.TAG_COMPARED_WITH]}" if report.TAG_COMPARED_WITH in tags else "")
+              + (f", gate {tags[report.TAG_GATE_VERDICT]}" if report.TAG_GATE_VERDICT in tags else ""), flush=True)
 
 
 def summary(r: Result, cfg: Config, info: eng.ModelInfo) -> str:

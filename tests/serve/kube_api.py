@@ -11,13 +11,21 @@ No API server can run here, so `KubeRayService` (serve/deploy_target.py) talks t
 - verbs the caller's Role does not grant are 403 Forbidden.
 `write_as_another_client` changes the stored object as a concurrent writer (another controller, a person's
 `kubectl edit`) does.
+
+`OperatorStandIn` does what KubeRay's operator does for a RayService on a running cluster, against the test's real
+Ray: it PUTs each new generation's `serveConfigV2` to the cluster's Serve REST API (as the operator does) and
+writes the applications' statuses back, so a rollout with `target: kubernetes` drives real Serve apps.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import threading
+import time
 from collections.abc import Callable
+
+import yaml
 
 from kubernetes.client.exceptions import ApiException
 
@@ -51,6 +59,7 @@ class KubeApiStandIn:
         self.store: dict[tuple[str, str], dict] = {}
         self.writes: list[dict] = []  # every accepted patch body, in order
         self.refused: list[int] = []  # the status of every refused call
+        self.lock = threading.RLock()  # the API server serializes writes to one object
         for obj in objects:
             obj = copy.deepcopy(obj)
             meta = obj.setdefault("metadata", {})
@@ -79,6 +88,10 @@ class KubeApiStandIn:
 
     def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, field_manager=None,
                                        **_):
+        with self.lock:
+            return self._patch(group, version, namespace, plural, name, body)
+
+    def _patch(self, group, version, namespace, plural, name, body):
         current = self._check("patch", group, version, namespace, plural, name)
         sent = (body.get("metadata") or {}).get("resourceVersion")
         if sent is not None and sent != current["metadata"]["resourceVersion"]:
@@ -113,6 +126,68 @@ class KubeApiStandIn:
 
     def operator_observes(self, namespace: str, name: str, status: dict) -> None:
         """What KubeRay's operator writes to the status subresource once it has acted on the latest spec."""
-        obj = self.store[(namespace, name)]
-        obj["status"] = {**copy.deepcopy(status), "observedGeneration": obj["metadata"]["generation"]}
-        obj["metadata"]["resourceVersion"] = self._next_version()
+        with self.lock:
+            obj = self.store[(namespace, name)]
+            obj["status"] = {**copy.deepcopy(status), "observedGeneration": obj["metadata"]["generation"]}
+            obj["metadata"]["resourceVersion"] = self._next_version()
+
+
+class OperatorStandIn:
+    """KubeRay's operator for one RayService whose Ray cluster is the test's own (see the module docstring), in a
+    thread while the `with` block runs. Apps of the cluster that the RayService never held are left alone."""
+
+    def __init__(self, api: KubeApiStandIn, namespace: str, name: str, serve, every_s: float = 0.3):
+        self.api, self.key, self.serve, self.every_s = api, (namespace, name), serve, every_s
+        self.owned: set[str] = set()
+        self.configs: dict[str, dict] = {}  # app name -> the config last PUT
+        self.changed: set[str] = set()  # apps whose config the last PUT changed
+        self.applied: tuple[int, float] | None = None  # (generation, when PUT)
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self._reconcile()
+            except Exception as e:  # the test asserts there were none
+                self.errors.append(f"{type(e).__name__}: {e}")
+            self.stop.wait(self.every_s)
+
+    def _reconcile(self) -> None:
+        obj = copy.deepcopy(self.api.store[self.key])
+        generation = obj["metadata"]["generation"]
+        details = self.serve._details()
+        apps = details.get("applications") or {}
+        if self.applied is None or self.applied[0] != generation:
+            config = yaml.safe_load(obj["spec"]["serveConfigV2"]) or {}
+            ours = [a for a in config.get("applications") or []]
+            names = {a["name"] for a in ours}
+            others = [a["deployed_app_config"] for n, a in apps.items()
+                      if a.get("deployed_app_config") and n not in self.owned and n not in names]
+            self.serve._call("PUT", {"http_options": details.get("http_options") or {}, "applications": others + ours})
+            self.changed = {a["name"] for a in ours if self.configs.get(a["name"]) != a}
+            self.owned, self.applied = names, (generation, time.time())
+            self.configs = {a["name"]: a for a in ours}
+            return
+        # Statuses of the latest generation only once Serve has taken it (each changed app deployed since the PUT).
+        if any((apps.get(n) or {}).get("last_deployed_time_s", 0) < self.applied[1] - 1 for n in self.changed):
+            return
+        statuses = {n: {"status": a.get("status", ""), "message": a.get("message", ""),
+                        "serveDeploymentStatuses": {d: {"status": v.get("status", ""), "message": v.get("message", "")}
+                                                    for d, v in (a.get("deployments") or {}).items()}}
+                    for n, a in apps.items() if n in self.owned}
+        status = {"activeServiceStatus": {"applicationStatuses": statuses}}
+        current = self.api.store[self.key].get("status") or {}
+        if current.get("observedGeneration") != generation or current.get("activeServiceStatus") != status["activeServiceStatus"]:
+            with self.api.lock:
+                if self.api.store[self.key]["metadata"]["generation"] == generation:
+                    self.api.operator_observes(*self.key, status)
+
+    def __enter__(self) -> "OperatorStandIn":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)

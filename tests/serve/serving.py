@@ -41,6 +41,15 @@ def serve_config_dict(app: str, prefix: str, model: str) -> dict:
             "ingress_cpus": 0.05, "graceful_shutdown_timeout_s": 10}
 
 
+def free_port() -> int:
+    """A TCP port free on loopback now (for a test's own listener)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def openai_client(base_url: str):
     """The `openai` client the serving tests use: no retries (a failure must show), 120 s per request."""
     from openai import OpenAI
@@ -143,7 +152,27 @@ class Request:
     fingerprint: str = ""  # "<registered name>/<version>" of the engine that answered
 
 
-class ChatLoad:
+class LoadThreads:
+    """Client threads (`target(i)` each) running while the `with` block does; `stop` is set on exit and each thread
+    joined, bounded."""
+
+    def __init__(self, clients: int, target, join_s: float = 180):
+        self.stop = threading.Event()
+        self.join_s = join_s
+        self.threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(clients)]
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=self.join_s)
+
+
+class ChatLoad(LoadThreads):
     """`streams` threads sending chat completions back to back over loopback (the `openai` client, no retries)
     until stopped; every request is recorded with its start and end (time.monotonic()) and outcome. With several
     base URLs (e.g. the proxies of several nodes) the streams take them in turn. With `pause_s`, each stream waits
@@ -153,16 +182,16 @@ class ChatLoad:
     def __init__(self, base_url: str | list[str], streams: int, max_tokens: int = 48, pause_s: float = 0.0):
         from openai import OpenAI
 
+        super().__init__(streams, self._stream, join_s=150)
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.clients = [OpenAI(base_url=u, api_key="unused", max_retries=0, timeout=120) for u in urls]
         self.max_tokens, self.pause_s = max_tokens, pause_s
         self.requests: list[Request] = []
-        self._lock, self._stop = threading.Lock(), threading.Event()
-        self._threads = [threading.Thread(target=self._stream, args=(self.clients[i % len(urls)],), daemon=True)
-                         for i in range(streams)]
+        self._lock = threading.Lock()
 
-    def _stream(self, client) -> None:
-        while not self._stop.is_set():
+    def _stream(self, i: int) -> None:
+        client = self.clients[i % len(self.clients)]
+        while not self.stop.is_set():
             start, error = time.monotonic(), ""
             try:
                 r = client.chat.completions.create(
@@ -174,17 +203,7 @@ class ChatLoad:
             with self._lock:
                 self.requests.append(Request(start, time.monotonic(), ok, error, fingerprint))
             if self.pause_s:
-                self._stop.wait(self.pause_s)
-
-    def __enter__(self) -> "ChatLoad":
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(150)
+                self.stop.wait(self.pause_s)
 
     def counts(self) -> dict[str, int]:
         with self._lock:

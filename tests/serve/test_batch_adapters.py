@@ -16,6 +16,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
+import yaml
 
 from pipelines import registry
 from pipelines.config import ConfigError, from_dict
@@ -87,7 +88,10 @@ def run(models, prompts, tmp_path_factory):
     from serve.batch.pipeline import main, read_results
 
     adapters = [ref for ref, _ in models[1].values()]
-    cfg = job(models, prompts, str(tmp_path_factory.mktemp("lora-out") / "r"), adapters, [models[2][0]])
+    out = tmp_path_factory.mktemp("lora-out")
+    (out / "gate.yaml").write_text(yaml.safe_dump({"gate": {"min_metrics": {"eval.exact_match": 0.5}}}))
+    cfg = job(models, prompts, str(out / "r"), adapters, [models[2][0]])
+    cfg.gate_config = str(out / "gate.yaml")
     init_ray()
     try:
         result = main(cfg)
@@ -246,3 +250,40 @@ def test_each_model_s_scores_land_on_its_own_version(run, models):
         assert eval_run.data.metrics["rows"] == N_ROWS + 1 and eval_run.data.metrics["errors"] == 1
         run_ids.add(run_id)
     assert len(run_ids) == 5
+
+
+def test_each_version_page_gets_its_eval_report_and_the_gate_verdict(run, models):
+    """Promotion evidence: each adapter measured against its base on the same rows (the examples where they differ),
+    the merged model (no champion, no base tag) reported alone; the gate (eval.exact_match >= 0.5) refuses each."""
+    from serve.batch.metrics import normalize
+
+    cfg, result, rows = run
+    c = registry.client()
+    by_kind = labels(models)
+    answers = {(r["model_version"], r["id"]): r["output"] for r in rows if r["reference"] is not None}
+    base = by_kind["base"]
+    for kind in ("zero", "a", "b", "merged"):
+        name, version = by_kind[kind].rsplit("/", 1)
+        tags = c.get_model_version(name, version).tags
+        run_id = tags[f"{EVAL_TAG_PREFIX}run_id"]
+        assert tags["eval.report"] == f"runs:/{run_id}/eval_report.md"
+        with open(c.download_artifacts(run_id, "eval_report.json")) as f:
+            report = json.load(f)
+        own = float(tags[f"{EVAL_TAG_PREFIX}exact_match"])
+        assert tags["gate.verdict"] == "refused" and f"eval.exact_match={own:g} < 0.5" in tags["gate.reasons"]
+        if kind == "merged":
+            assert "eval.compared_with" not in tags and report["against"] is None
+            continue
+        assert tags["eval.compared_with"] == f"{base} (base)"
+        assert float(tags["eval.delta.exact_match"]) == pytest.approx(own - result.scores["exact_match"], abs=1e-4)
+        differ = [rid for (label, rid), out in answers.items() if label == by_kind[kind]
+                  and normalize(out) != normalize(answers[(base, rid)])]
+        # Every row was given to both, the refused one ("bad") too: refused for both, no difference.
+        assert report["rows_compared"] == N_ROWS + 1 and report["rows_answered_differently"] == len(differ)
+        assert sorted(e["id"] for e in report["examples"]) == sorted(differ)
+        if kind == "zero":
+            assert differ == []  # a zero adapter answers as its base
+        with open(c.download_artifacts(run_id, "eval_report.md")) as f:
+            text = f.read()
+        assert f"Compared with **{base}** (base, answering the same rows in this job)" in text
+        assert f"## Answers that differ ({len(differ)} of {N_ROWS + 1} rows" in text

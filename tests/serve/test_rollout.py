@@ -14,7 +14,6 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from serve import rollout_record as rec
 from serve.deploy_target import LocalServe
 from serve.rollout import DEPLOYED, REJECTED, ROLLED_BACK, Rollout
 from serve.rollout_config import Config as RolloutConfig
-from tests.serve.serving import register_fresh, serve_config_dict
+from tests.serve.serving import LoadThreads, openai_client, register_fresh, serve_config_dict
 
 # The module's app is started in the first test's setup, which pytest-timeout counts against that test;
 # on a busy 2-core box one engine start alone can take minutes.
@@ -82,18 +81,15 @@ def setup(local_stack, tiny_model_dir, tmp_path_factory):
         LocalServe(APP).delete()
 
 
-class Load:
+class Load(LoadThreads):
     """A few loopback clients (non-streamed and streamed) for as long as it runs; bounded in time."""
 
     def __init__(self, base_url: str, clients: int = 3, limit_s: float = 1800, pause_s: float = 0.2):
-        from openai import OpenAI
-
-        self.client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+        super().__init__(clients, self._run)
+        self.client = openai_client(base_url)
         self.stop_at, self.pause_s = time.time() + limit_s, pause_s
-        self.stop = threading.Event()
         self.results: list[tuple[float, float, str | None]] = []  # (started, finished, fingerprint)
         self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
 
     def _one(self, i: int) -> str | None:
         if i % 3 == 2:
@@ -125,16 +121,6 @@ class Load:
         while len(self.answered_since(t)) < n and not self.errors and time.time() < deadline:
             time.sleep(0.2)
         return self.answered_since(t)
-
-    def __enter__(self) -> "Load":
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=180)
 
 
 def version_tags(version: str) -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import socket
 import threading
 import time
 import urllib.error
@@ -27,17 +26,11 @@ from serve.rollout import REJECTED, Rollout
 from serve.rollout_config import Config as RolloutConfig
 from serve.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookReceiver, sign, signature_problem
 from tests.serve.mlflow_ui import add_alias_in_ui, browser_missing
-from tests.serve.serving import register_fresh, serve_config_dict
+from tests.serve.serving import free_port, register_fresh, serve_config_dict
 
 SECRET = "s3cret"
 MODEL, APP = "rayline-webhook-test", "rayline-test-webhook"
 POLL_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mlflow_delivery(url: str, payload: dict, secret: str | None = SECRET, delivery: str = "d-1", ts: int | None = None):

@@ -1,0 +1,254 @@
+"""Champion and challenger for real: `challenger` set in MLflow, the canary steps under a bounded loopback load, the
+challenger promoted or rolled back (real Serve, vLLM on CPU, MLflow server, openai client).
+
+One champion app for the module (v1). The quality probe's known answers are v1's own greedy answers, so a copy of
+v1's weights (v2) matches them and a model of other weights (v3) does not. In order:
+  `challenger` added to v2 in the MLflow UI (headless Chromium) wakes `pipelines.rollout --watch` through MLflow's
+      webhook: a split canary of 2 steps under load from clients with a `user` each: zero failed requests, each user
+      answered by one version within a step, the challenger's share within a few points, v2 becomes champion;
+  split canary of v3 (answers wrong on the probe): rolled back after the first step, the champion answers throughout,
+      the reason on the run and the version, `challenger` removed;
+  shadow canary of v3 with `target: kubernetes` (a RayService through the API server and operator stand-ins,
+      tests/serve/kube_api.py): no client ever gets a challenger answer, the challenger answered copies, rolled back.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter, defaultdict
+
+import pytest
+import yaml
+
+from pipelines import registry
+from pipelines.config import from_dict
+from pipelines.tiny_model import build_tiny_model
+from serve.canary import TAG_CANARY_REASON, TAG_CANARY_STATUS
+from serve.deploy_target import LocalServe
+from serve.rollout import DEPLOYED, ROLLED_BACK, Rollout
+from serve.rollout_config import Config as RolloutConfig
+from serve.serve_config import Config as ServeConfig
+from tests.serve.serving import LoadThreads, free_port, openai_client, register_fresh, serve_config_dict
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+MODEL = "rayline-canary-test"
+APP = "rayline-test-canary"
+PREFIX = "/canary-test"
+PROMPTS = ["What is 2 + 2?", "Name a colour.", "Is 7 odd?", "Say hi.", "Count to three.", "What comes after 4?"]
+CANARY = {"steps": [0.25, 0.5], "step_s": 10, "min_requests": 5, "max_error_ratio": 0.0, "probe_size": 6,
+          "probe_max_tokens": 4, "max_quality_drop": 0.34,
+          # the same model on both sides: latency limits loose enough for a busy 2-core box, tight enough for a hang
+          "max_ttft_p50_ratio": 5.0, "max_ttft_p99_ratio": 10.0, "max_itl_ratio": 5.0, "latency_slack_s": 0.2}
+
+
+class UserLoad(LoadThreads):
+    """Loopback clients sending chat completions as random users of a pool; every answer kept with its user, start
+    time and the version that answered (`system_fingerprint`). Bounded in time."""
+
+    def __init__(self, base_url: str, clients: int = 3, users: int = 200, limit_s: float = 900):
+        super().__init__(clients, self._run)
+        self.client = openai_client(base_url)
+        self.users, self.stop_at = users, time.time() + limit_s
+        self.answers: list[tuple[float, str, str | None]] = []
+        self.errors: list[str] = []
+
+    def _run(self, i: int) -> None:
+        rng = random.Random(i)
+        while not self.stop.is_set() and time.time() < self.stop_at:
+            user, t = f"user-{rng.randrange(self.users)}", time.time()
+            try:
+                r = self.client.chat.completions.create(
+                    model="rayline", messages=[{"role": "user", "content": rng.choice(PROMPTS)}], max_tokens=6,
+                    temperature=0.0, user=user)
+                self.answers.append((t, user, r.system_fingerprint))
+            except Exception as e:  # every failure counts; the tests assert there are none
+                self.errors.append(f"{time.time() - t:.1f}s {type(e).__name__}: {e}")
+                time.sleep(0.5)
+            time.sleep(0.05)
+
+    def between(self, start: float, end: float) -> list[tuple[str, str | None]]:
+        return [(u, fp) for t, u, fp in list(self.answers) if start <= t < end]
+
+
+@pytest.fixture(scope="module")
+def setup(local_stack, tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("canary")
+    other = build_tiny_model(tmp / "other", "tiny", seed=7)
+    versions = register_fresh(MODEL, [
+        (str(tiny_model_dir), {"eval.exact_match": "0.6"}),  # v1: the champion
+        (str(tiny_model_dir), {"eval.exact_match": "0.7"}),  # v2: the same weights, a healthy challenger
+        (str(other), {"eval.exact_match": "0.8"}),           # v3: other weights, wrong on the probe
+    ])
+    assert versions == ["1", "2", "3"]
+    serve_cfg = from_dict(ServeConfig, serve_config_dict(APP, PREFIX, MODEL))
+    registry.set_alias(MODEL, "champion", "1")
+
+    def rollout(target=None, options: dict | None = None, **canary) -> Rollout:
+        cfg = from_dict(RolloutConfig, {"model": MODEL, "serve_config": "unused", "gate": {"min_metrics": {}},
+                                        "canary": {**CANARY, "probe_uri": str(probe), **canary}, **(options or {})})
+        return Rollout(cfg, serve_cfg, target)
+
+    probe = tmp / "probe.jsonl"
+    probe.write_text("")
+    first = rollout().once("test:setup")
+    assert first.status == DEPLOYED and first.version == "1", first.line()
+    base_url = f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}/v1"
+    client = openai_client(base_url)
+    with probe.open("w") as f:  # known answers: the champion's own greedy ones
+        for p in PROMPTS:
+            messages = [{"role": "user", "content": p}]
+            answer = client.chat.completions.create(model="rayline", messages=messages, max_tokens=4,
+                                                    temperature=0.0).choices[0].message.content
+            f.write(json.dumps({"messages": messages + [{"role": "assistant", "content": answer}]}) + "\n")
+    try:
+        yield {"rollout": rollout, "base_url": base_url}
+    finally:
+        LocalServe(APP).delete()
+        LocalServe(f"{APP}-challenger").delete()
+
+
+def canary_steps(run_id: str) -> list[dict]:
+    with open(registry.client().download_artifacts(run_id, "canary_steps.json")) as f:
+        return json.load(f)
+
+
+def served_by(base_url: str) -> str:
+    return openai_client(base_url).chat.completions.create(
+        model="rayline", messages=[{"role": "user", "content": "ping"}], max_tokens=2).system_fingerprint
+
+
+def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(setup, tmp_path, local_stack):
+    """`pipelines.rollout --watch` with canary steps; a person adds `challenger` to v2 in the MLflow UI (headless
+    Chromium, the UI's own controls), MLflow's webhook wakes the watch, the canary runs under load and promotes v2."""
+    import mlflow
+
+    from tests.serve.mlflow_ui import add_alias_in_ui, browser_missing
+
+    if browser_missing():
+        pytest.skip(f"the MLflow UI test needs a browser: {browser_missing()}")
+    v1, v2 = f"{MODEL}/1", f"{MODEL}/2"
+    rollout = setup["rollout"](options={"watch": True, "poll_interval_s": 600, "max_rollouts": 1,
+                                        "webhook_port": free_port(), "register_webhook": True})
+    done: list = []
+    watch = threading.Thread(target=lambda: done.append(rollout.watch()), daemon=True)
+    hooks = registry.client()
+    try:
+        with UserLoad(setup["base_url"]) as load:
+            watch.start()
+            deadline = time.time() + 60
+            while not any(h.name == f"rayline-rollout-{MODEL}" for h in hooks.list_webhooks()):
+                assert time.time() < deadline, "the watching rollout registered no webhook"
+                time.sleep(0.2)
+            time.sleep(1)
+            set_at = time.time()
+            add_alias_in_ui(mlflow.get_tracking_uri(), MODEL, "2", "challenger", tmp_path)
+            watch.join(timeout=420)
+            done_at = time.time()
+            time.sleep(3)
+    finally:
+        for h in hooks.list_webhooks():
+            if h.name == f"rayline-rollout-{MODEL}":
+                hooks.delete_webhook(h.webhook_id)
+    ((result,),) = done
+    assert result.status == DEPLOYED and (result.previous_version, result.version) == ("1", "2"), result.line()
+    assert registry.client().get_model_version(MODEL, "2").tags["rollout.triggered_by"].startswith(
+        "webhook:"), "the poll (600 s), not MLflow's webhook call, started the canary"
+    assert load.errors == [], load.errors[:5]
+    run = registry.client().get_run(result.run_id)
+    steps = canary_steps(result.run_id)
+    assert [s["share"] for s in steps] == [0.25, 0.5] and all(s["passed"] for s in steps), steps
+    first_canary_s = run.data.metrics["first_canary_s"]
+    print(f"\nchallenger set -> first canary step: {first_canary_s:.1f}s; whole canary {done_at - set_at:.1f}s; "
+          f"{len(load.answers)} requests")
+    assert first_canary_s <= 120
+    for s in steps:
+        # Within a step the shares hold: the challenger's fraction of live requests near the configured share, and
+        # every user answered by one version only (sticky by `user`).
+        ch, cp = s["sides"]["challenger"]["requests"], s["sides"]["champion"]["requests"]
+        assert ch + cp >= 40 and abs(ch / (ch + cp) - s["share"]) < 0.15, s
+        assert s["probe"] == {"champion": 1.0, "challenger": 1.0}
+    for s in steps:  # the replicas took the share before the step began
+        by_user = defaultdict(set)
+        for user, fp in load.between(s["started_at"] + 0.5, s["started_at"] + s["window_s"] - 0.5):
+            by_user[user].add(fp)
+        assert by_user and all(len(fps) == 1 for fps in by_user.values()), dict(by_user)
+    seen = Counter(fp for _, _, fp in load.answers)
+    assert set(seen) == {v1, v2}
+    assert served_by(setup["base_url"]) == v2
+    assert str(registry.get_alias(MODEL, "champion").version) == "2" and registry.get_alias(MODEL, "challenger") is None
+    tags = registry.client().get_model_version(MODEL, "2").tags
+    assert tags[TAG_CANARY_STATUS] == "promoted" and tags["rollout.status"] == "deployed"
+    assert registry.client().get_model_version(MODEL, "1").tags["rollout.status"] == "retired"
+    assert LocalServe(f"{APP}-challenger").current() is None
+    assert run.data.metrics["canary.challenger.requests"] > 0 and run.data.tags["rollout.kind"] == "canary"
+    # The replicas' canary metrics reach the stack's Prometheus (the serving dashboard's canary panels).
+    from pipelines import prometheus
+    from pipelines.stack import env_vars
+
+    url = env_vars(local_stack)["RAYLINE_PROMETHEUS_URL"]
+    for expr in (f'sum by (role) (ray_rayline_canary_requests_total{{app="{APP}",mode="live"}})',
+                 f'sum by (role) (ray_rayline_canary_ttft_seconds_count{{app="{APP}"}})'):
+        deadline = time.time() + 90
+        while {s["metric"]["role"] for s in prometheus.query(url, expr)} != {"champion", "challenger"}:
+            assert time.time() < deadline, f"{expr}: {prometheus.query(url, expr)}"
+            time.sleep(2)
+
+
+def test_challenger_wrong_on_the_probe_is_rolled_back(setup):
+    v2 = f"{MODEL}/2"  # the champion since the test above
+    with UserLoad(setup["base_url"], clients=2) as load:
+        registry.set_alias(MODEL, "challenger", "3")
+        result = setup["rollout"]().once("test:bad")
+        time.sleep(2)
+    assert result.status == ROLLED_BACK and result.version == "3", result.line()
+    assert "step 0 (25% split) failed" in result.reason and "probe exact match" in result.reason
+    assert load.errors == [], load.errors[:5]
+    assert served_by(setup["base_url"]) == v2 and str(registry.get_alias(MODEL, "champion").version) == "2"
+    assert registry.get_alias(MODEL, "challenger") is None
+    tags = registry.client().get_model_version(MODEL, "3").tags
+    assert tags[TAG_CANARY_STATUS] == "rolled_back" and "probe exact match" in tags[TAG_CANARY_REASON]
+    run = registry.client().get_run(result.run_id)
+    assert run.data.tags["rollout.status"] == "rolled_back" and "probe exact match" in run.data.tags["rollout.reason"]
+    assert LocalServe(f"{APP}-challenger").current() is None
+
+
+def test_shadow_canary_on_kubernetes_never_returns_a_challenger_answer(setup):
+    """The same canary with `target: kubernetes`: the challenger app and the split are written to a RayService's
+    serveConfigV2 (the API server stand-in, validated against the CRD), which the operator stand-in applies to the
+    real Serve as KubeRay's operator does."""
+    from serve.deploy_target import KubeRayService
+    from tests.serve.kube_api import KubeApiStandIn, OperatorStandIn
+
+    v2 = f"{MODEL}/2"
+    obj = next(d for d in yaml.safe_load_all(open("rayjobs/serve-gpu.yaml")) if d)
+    obj["metadata"].update(name="rayline-canary", namespace="rayline")
+    obj["spec"]["serveConfigV2"] = yaml.safe_dump({"applications": [LocalServe(APP).current()]})
+    api = KubeApiStandIn(obj)
+    rollout = setup["rollout"](KubeRayService(APP, "rayline-canary", "rayline", api=api),
+                               {"target": "kubernetes", "kubernetes": {"name": "rayline-canary", "namespace": "rayline",
+                                                                       "serve_url": setup["base_url"]}},
+                               mode="shadow", steps=[1.0])
+    with OperatorStandIn(api, "rayline", "rayline-canary", LocalServe(APP)) as operator, \
+            UserLoad(setup["base_url"], clients=2) as load:
+        registry.set_alias(MODEL, "challenger", "3")
+        result = rollout.once("test:shadow")
+    assert operator.errors == []
+    assert result.status == ROLLED_BACK and "probe exact match" in result.reason, result.line()
+    assert load.errors == [], load.errors[:5]
+    assert load.answers and {fp for _, _, fp in load.answers} == {v2}  # never v3
+    steps = canary_steps(result.run_id)
+    shadow = steps[0]["sides"]["challenger"]
+    assert shadow["requests"] >= 5 and shadow["shadow"] == shadow["requests"] and shadow["errors"] == 0, steps
+    # Every change went through the RayService: the challenger app added, the split set and switched off, the
+    # challenger removed; what is left is the champion's app with the split off.
+    configs = [yaml.safe_load(w["spec"]["serveConfigV2"]) for w in api.writes]
+    assert any(f"{APP}-challenger" in {a["name"] for a in c["applications"]} for c in configs)
+    splits = [d.get("user_config", {}).get("canary") for c in configs for a in c["applications"] if a["name"] == APP
+              for d in a.get("deployments") or []]
+    assert [(s["share"], s["mode"]) for s in splits if s] == [(1.0, "shadow")] and splits[-1] is None, splits
+    assert [a["name"] for a in configs[-1]["applications"]] == [APP]
+    assert LocalServe(f"{APP}-challenger").current() is None
