@@ -150,7 +150,8 @@ def split_cost(rollout: Rollout, canary: Canary, args) -> dict:
         raise RuntimeError("the challenger app did not come up")
     champion_url, challenger_url = rollout.base_url, canary.base_url
     load = f"{args.requests} x {args.max_tokens} tokens, {args.concurrency} clients"
-    engine = "tiny, " + ", ".join(f"{k}={v}" for k, v in sorted(ENGINE.items()) if k != "env_vars")
+    engine = "tiny, " + ", ".join(f"{k}={v}" for k, v in sorted(vars(rollout.serve_cfg.engine).items())
+                                  if k not in ("env_vars", "model"))
     pairs = {
         "a": {"rayline": ("canary on, share 0", 0.0, champion_url, f"{NAME}/2"),
               "canary off": ("canary off", None, champion_url, f"{NAME}/2")},

@@ -92,7 +92,7 @@ class CanaryState:
         self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
         self.tags = dict(tags or {})
         self._client = None
-        self._shadows = 0
+        self.shadows_in_flight = 0
 
     def configure(self, config: dict[str, Any] | None) -> None:
         config = dict(config or {})
@@ -180,10 +180,12 @@ class CanarySplit:
             role = forced
         elif cfg.get("mode") == "shadow":
             role = CHAMPION
-            if random.random() < float(cfg.get("share", 0)) and self.state._shadows < MAX_SHADOWS_IN_FLIGHT:
+            if random.random() < float(cfg.get("share", 0)) and self.state.shadows_in_flight < MAX_SHADOWS_IN_FLIGHT:
+                self.state.shadows_in_flight += 1  # counted here: a burst must not start more than the limit
                 asyncio.get_running_loop().create_task(self._shadow(path, body, headers))
         else:
-            role = side_of(_sticky_key(body, headers, cfg.get("sticky_header", "")), float(cfg.get("share", 0)))
+            share = float(cfg.get("share", 0))
+            role = side_of(_sticky_key(body, headers, cfg.get("sticky_header", "")), share) if share > 0 else CHAMPION
         if role == CHALLENGER and await self._forward(path, body, headers, send, live):
             return
         timing = Timing(send, time.monotonic(), CHAMPION)
@@ -198,13 +200,17 @@ class CanarySplit:
         path, root = scope.get("path", ""), scope.get("root_path", "")
         return path[len(root):] if root and path.startswith(root) else path
 
+    def _to_challenger(self, path: str, body: bytes, headers: dict[str, str]):
+        """The request as the challenger's route gets it (streamed response; hop-by-hop headers dropped)."""
+        out = {k: v for k, v in headers.items() if k not in _HOP and k != ROUTE_HEADER}
+        return self.state.client().stream("POST", self.state.config["url"].rstrip("/") + path, content=body,
+                                          headers=out)
+
     async def _forward(self, path: str, body: bytes, headers: dict[str, str], send, live: bool) -> bool:
         """Answer from the challenger; False (nothing sent yet) when it could not: the champion answers instead."""
         timing = Timing(send, time.monotonic(), CHALLENGER)
-        out_headers = {k: v for k, v in headers.items() if k not in _HOP and k != ROUTE_HEADER}
         try:
-            async with self.state.client().stream("POST", self.state.config["url"].rstrip("/") + path,
-                                                  content=body, headers=out_headers) as r:
+            async with self._to_challenger(path, body, headers) as r:
                 if r.status_code >= 500 or r.status_code == 404:  # 404: its route is gone (the app removed)
                     await r.aread()
                     if live:
@@ -229,12 +235,9 @@ class CanarySplit:
 
     async def _shadow(self, path: str, body: bytes, headers: dict[str, str]) -> None:
         """A copy of a live request for the challenger: answered, measured, dropped."""
-        self.state._shadows += 1
         timing = Timing(None, time.monotonic(), CHALLENGER)
-        out_headers = {k: v for k, v in headers.items() if k not in _HOP and k != ROUTE_HEADER}
         try:
-            async with self.state.client().stream("POST", self.state.config["url"].rstrip("/") + path,
-                                                  content=body, headers=out_headers) as r:
+            async with self._to_challenger(path, body, headers) as r:
                 await timing({"type": "http.response.start", "status": r.status_code, "headers": []})
                 async for chunk in r.aiter_raw():
                     await timing({"type": "http.response.body", "body": chunk})
@@ -242,7 +245,7 @@ class CanarySplit:
         except Exception:
             self.state.record(CHALLENGER, False, None, None, shadow=True)
         finally:
-            self.state._shadows -= 1
+            self.state.shadows_in_flight -= 1
 
     async def _stats(self, scope, send) -> None:
         query = parse_qs(scope.get("query_string", b"").decode())
