@@ -51,9 +51,10 @@ def signature_problem(secret: str | None, headers, body: str, now: float | None 
 
 
 class WebhookReceiver:
-    """HTTP server that calls `on_alias(data, delivery_id)` for `model_version_alias.created` of (model, alias)."""
+    """HTTP server that calls `on_alias(data, delivery_id)` for `model_version_alias.created` of `model` and `alias`
+    (one alias, or several: a canary's watch follows champion and challenger)."""
 
-    def __init__(self, model: str, alias: str, on_alias: Callable[[dict, str], None], host: str = "127.0.0.1",
+    def __init__(self, model: str, alias: str | tuple[str, ...], on_alias: Callable[[dict, str], None], host: str = "127.0.0.1",
                  port: int = 0, path: str = "/mlflow-webhook", secret: str | None = None):
         self.model, self.on_alias, self.path, self.secret = model, on_alias, path, secret
         self.aliases = (alias,) if isinstance(alias, str) else tuple(alias)

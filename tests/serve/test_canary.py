@@ -9,7 +9,9 @@ v1's weights (v2) matches them and a model of other weights (v3) does not. In or
   shadow canary of v3 (answers wrong on the probe) with `target: kubernetes` (a RayService through the API server
       and operator stand-ins, tests/serve/kube_api.py): no client ever gets a challenger answer, the challenger
       answered copies, rolled back after its step, the champion answering throughout, the reason on the run and
-      the version, `challenger` removed.
+      the version, `challenger` removed;
+  a plain rollout (no canary) with `target: kubernetes` through the same stand-ins: v1 champion again, no failed
+      request.
 """
 
 from __future__ import annotations
@@ -198,24 +200,28 @@ def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(s
             time.sleep(2)
 
 
-def test_shadow_canary_on_kubernetes_never_returns_a_challenger_answer(setup):
-    """The same canary with `target: kubernetes`: the challenger app and the split are written to a RayService's
-    serveConfigV2 (the API server stand-in, validated against the CRD), which the operator stand-in applies to the
-    real Serve as KubeRay's operator does."""
+def on_kubernetes(setup, **canary):
+    """A RayService holding the module's app (the API server stand-in, every write validated against the CRD), the
+    operator stand-in that applies it to the real Serve, and a rollout with `target: kubernetes` on it."""
     from serve.deploy_target import KubeRayService
     from tests.serve.kube_api import KubeApiStandIn, OperatorStandIn
 
-    v2 = f"{MODEL}/2"
     obj = next(d for d in yaml.safe_load_all(open("rayjobs/serve-gpu.yaml")) if d)
     obj["metadata"].update(name="rayline-canary", namespace="rayline")
     obj["spec"]["serveConfigV2"] = yaml.safe_dump({"applications": [LocalServe(APP).current()]})
     api = KubeApiStandIn(obj)
     rollout = setup["rollout"](KubeRayService(APP, "rayline-canary", "rayline", api=api),
                                {"target": "kubernetes", "kubernetes": {"name": "rayline-canary", "namespace": "rayline",
-                                                                       "serve_url": setup["base_url"]}},
-                               mode="shadow", steps=[1.0])
-    with OperatorStandIn(api, "rayline", "rayline-canary", LocalServe(APP)) as operator, \
-            UserLoad(setup["base_url"], clients=2) as load:
+                                                                       "serve_url": setup["base_url"]}}, **canary)
+    return api, OperatorStandIn(api, "rayline", "rayline-canary", LocalServe(APP)), rollout
+
+
+def test_shadow_canary_on_kubernetes_never_returns_a_challenger_answer(setup):
+    """The same canary with `target: kubernetes`: the challenger app and the split are written to a RayService's
+    serveConfigV2, which the operator stand-in applies to the real Serve as KubeRay's operator does."""
+    v2 = f"{MODEL}/2"
+    api, operator, rollout = on_kubernetes(setup, mode="shadow", steps=[1.0])
+    with operator, UserLoad(setup["base_url"], clients=2) as load:
         registry.set_alias(MODEL, "challenger", "3")
         result = rollout.once("test:shadow")
     assert operator.errors == []
@@ -241,3 +247,24 @@ def test_shadow_canary_on_kubernetes_never_returns_a_challenger_answer(setup):
     assert [(s["share"], s["mode"]) for s in splits if s] == [(1.0, "shadow")] and splits[-1] is None, splits
     assert [a["name"] for a in configs[-1]["applications"]] == [APP]
     assert LocalServe(f"{APP}-challenger").current() is None
+
+
+def test_a_one_shot_rollout_on_kubernetes_goes_through_the_rayservice(setup):
+    """The plain rollout (no canary) with `target: kubernetes`: the champion alias moves to v1, the RayService's
+    serveConfigV2 is patched at the resourceVersion read, the operator stand-in applies it, v1 answers; no request
+    fails on the way."""
+    api, operator, rollout = on_kubernetes(setup, steps=[])
+    with operator, UserLoad(setup["base_url"], clients=2) as load:
+        registry.set_alias(MODEL, "champion", "1")
+        result = rollout.once("test:kubernetes")
+        time.sleep(2)
+    assert operator.errors == []
+    assert result.status == DEPLOYED and (result.previous_version, result.version) == ("2", "1"), result.line()
+    assert load.errors == [], load.errors[:5]
+    assert served_by(setup["base_url"]) == f"{MODEL}/1"
+    (write,) = api.writes  # one patch, carrying the resourceVersion it was computed from
+    assert write["metadata"]["resourceVersion"]
+    (app,) = yaml.safe_load(write["spec"]["serveConfigV2"])["applications"]
+    assert app["name"] == APP and app["args"]["model"]["version"] == "1"
+    run = registry.client().get_run(result.run_id)
+    assert run.data.tags["rollout.target"] == f"RayService rayline/rayline-canary (app {APP!r})"

@@ -83,6 +83,20 @@ def test_only_our_alias_creation_wakes_the_rollout(receiver):
     assert len(receiver.calls) == 1
 
 
+def test_a_canary_watch_wakes_for_champion_and_challenger_only():
+    calls = []
+    r = WebhookReceiver("rayline-tiny", ("champion", "challenger"), lambda data, d: calls.append(data["alias"]),
+                        port=free_port(), secret=SECRET).start()
+    try:
+        for alias in ("challenger", "staging", "champion"):
+            mlflow_delivery(r.url, alias_event(alias=alias))
+        assert mlflow_delivery(r.url, alias_event(alias="staging"))[1] == {
+            "accepted": False, "reason": "not rayline-tiny@champion|challenger"}
+    finally:
+        r.stop()
+    assert calls == ["challenger", "champion"]
+
+
 def test_unsigned_or_forged_calls_are_refused(receiver):
     code, body = mlflow_delivery(receiver.url, alias_event(), secret=None)
     assert code == 401 and "missing" in body["error"]
