@@ -171,15 +171,8 @@ def set_alias(name: str, alias: str, version: int | str) -> None:
 
 def delete_alias(name: str, alias: str) -> None:
     """Remove `name@alias` (nothing to do when it is not set)."""
-    from mlflow.exceptions import MlflowException
-
-    if get_alias(name, alias) is None:
-        return
-    try:
+    if get_alias(name, alias) is not None:
         client().delete_registered_model_alias(name, alias)
-    except MlflowException as e:
-        if "RESOURCE_DOES_NOT_EXIST" not in str(e.error_code):
-            raise
 
 
 def get_alias(name: str, alias: str = DEFAULT_ALIAS) -> ModelVersion | None:

@@ -167,21 +167,27 @@ def read_results(output_uri: str):
     return pq.read_table(path, filesystem=fs)
 
 
+def result_batches(output_uri: str, columns: list[str], batch_rows: int = 65_536, skip: frozenset[str] = frozenset()):
+    """The result Parquet files under output_uri (less the files named in `skip`, relative), a batch of rows at a
+    time and only `columns`."""
+    import pyarrow.dataset as pads
+
+    fs, _ = storage.resolve(output_uri)
+    files = [storage.resolve(storage.join(output_uri, rel))[1] for rel in sorted(storage.list_files(output_uri))
+             if rel.endswith(".parquet") and rel not in skip]
+    return pads.dataset(files, filesystem=fs, format="parquet").to_batches(columns=columns, batch_size=batch_rows)
+
+
 def tally_results(output_uri: str, metrics: list[str], batch_rows: int = 65_536,
                   skip: frozenset[str] = frozenset(), by_model: bool = False):
     """Totals and scores of the results under output_uri (less the files named in `skip`, relative), read a
     batch of rows at a time and only the columns they need: the driver's memory stays flat however large
     the job. With `by_model`: (the whole job's Tally, {model_version: that model's rows' Tally})."""
     import pyarrow.compute as pc
-    import pyarrow.dataset as pads
 
-    fs, path = storage.resolve(output_uri)
-    files = [storage.resolve(storage.join(output_uri, rel))[1] for rel in sorted(storage.list_files(output_uri))
-             if rel.endswith(".parquet") and rel not in skip]
     tally, per_model = batch_metrics.Tally(metrics), {}
     columns = tally.columns + ([MODEL_COLUMN] if by_model else [])
-    for batch in pads.dataset(files, filesystem=fs, format="parquet").to_batches(columns=columns,
-                                                                                   batch_size=batch_rows):
+    for batch in result_batches(output_uri, columns, batch_rows, skip):
         tally.add(batch)
         for label in pc.unique(batch.column(MODEL_COLUMN)).to_pylist() if by_model else ():
             rows = batch.filter(pc.equal(batch.column(MODEL_COLUMN), label))
@@ -264,7 +270,8 @@ def main(cfg: Config) -> Result:
         job = {"resumed_rows": resumed_rows, "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
                **({"steady_output_tokens_per_s": result.steady_output_tokens_per_s} if now.engine_busy_s else {})}
         runs: dict[str, str] = {}
-        for model in [info] + [a.info for a in adapters] + [i for _, i in compared]:
+        models = [info] + [a.info for a in adapters] + [i for _, i in compared]
+        for model in models:
             own = per_model.get(model.label) or batch_metrics.Tally(cfg.metrics)
             mt, scores = own.totals(), own.scores()
             counts = {"rows": mt.rows, "errors": mt.errors, "prompt_tokens": mt.prompt_tokens,
@@ -278,8 +285,7 @@ def main(cfg: Config) -> Result:
             else:
                 result.compared[model.label], result.compared_eval_run_ids[model.label] = scores, run_id
         publish_reports(cfg, runs, {info.label: model_path, **{a.info.label: a.path for a in adapters},
-                                    **{i.label: p for p, i in compared}},
-                        [info] + [a.info for a in adapters] + [i for _, i in compared], per_model,
+                                    **{i.label: p for p, i in compared}}, models, per_model,
                         {a.info.label for a in adapters})
     print(summary(result, cfg, info))
     return result
@@ -289,11 +295,12 @@ def publish_reports(cfg: Config, runs: dict[str, str], sources: dict[str, str], 
                     per_model: dict, adapters: set[str]) -> None:
     """Each registered model's promotion evidence (serve/batch/report.py): its report on its eval run, and tags."""
     scores = {label: tally.scores() for label, tally in per_model.items()}
+    gate = report.load_gate(cfg.gate_config)
     for model in models:
         if not (model.name and model.version):
             continue
         rep = report.build_report(model, scores.get(model.label, {}), scores, cfg.output_uri, cfg.metrics)
-        verdict = report.gate_verdict(cfg.gate_config, model, sources[model.label], model.label in adapters)
+        verdict = report.gate_verdict(gate, model, sources[model.label], model.label in adapters)
         tags = report.publish(rep, model, runs[model.label], verdict)
         print(f"batch_infer: {model.label}: eval report {tags[report.TAG_REPORT]}"
               + (f", vs {tags[report.TAG_COMPARED_WITH]}" if report.TAG_COMPARED_WITH in tags else "")

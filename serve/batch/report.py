@@ -128,17 +128,12 @@ def differing_answers(output_uri: str, model: str, other: str, scorer, limit: in
     holds one output per row of the two models (an eval set, not a corpus)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as pads
 
-    from pipelines import storage
+    from serve.batch.pipeline import result_batches
     from serve.batch.rows import MODEL_COLUMN
 
-    fs, _ = storage.resolve(output_uri)
-    files = [storage.resolve(storage.join(output_uri, rel))[1] for rel in sorted(storage.list_files(output_uri))
-             if rel.endswith(".parquet")]
     seen: dict[str, dict[str, dict]] = {model: {}, other: {}}
-    for batch in pads.dataset(files, filesystem=fs, format="parquet").to_batches(
-            columns=["id", "prompt", "reference", "output", MODEL_COLUMN]):
+    for batch in result_batches(output_uri, ["id", "prompt", "reference", "output", MODEL_COLUMN]):
         mask = pc.is_in(batch.column(MODEL_COLUMN), value_set=pa.array([model, other]))
         for row in batch.filter(mask).to_pylist():
             seen[row[MODEL_COLUMN]][row["id"]] = row
@@ -174,16 +169,23 @@ def build_report(model: ModelInfo, scores: dict[str, float], scores_in_job: dict
     return report
 
 
-def gate_verdict(gate_config: str, model: ModelInfo, source: str, adapter: bool) -> list[str] | None:
-    """What the rollout's gate (the `gate` of the rollout YAML `gate_config`) says of the version as tagged now:
-    every reason it would refuse it (empty: pass); None without a gate_config."""
+def load_gate(gate_config: str):
+    """The `gate` of the rollout YAML `gate_config` (None: no gate_config)."""
     if not gate_config:
         return None
     from pipelines.config import load_config
-    from serve.gate import gate_problems, metric_problems
     from serve.rollout_config import Config as RolloutConfig
 
-    gate = load_config(RolloutConfig, registry.project_path(gate_config), []).gate
+    return load_config(RolloutConfig, registry.project_path(gate_config), []).gate
+
+
+def gate_verdict(gate, model: ModelInfo, source: str, adapter: bool) -> list[str] | None:
+    """What the rollout's gate (load_gate) says of the version as tagged now: every reason it would refuse it
+    (empty: pass); None without a gate."""
+    if gate is None:
+        return None
+    from serve.gate import gate_problems, metric_problems
+
     tags = registry.client().get_model_version(model.name, model.version).tags
     return metric_problems(tags, gate) if adapter else gate_problems(tags, source, gate)
 
