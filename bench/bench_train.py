@@ -270,7 +270,7 @@ def torchrun_worker(cfg_path: Path, threads: int) -> None:
     torch.manual_seed(cfg.train.seed)
     device = torch.device("cpu")
     model = build_sharded_model(plan.model_uri, device, cfg.model.attn_implementation,
-                                cfg.model.activation_checkpointing, cfg.bf16)
+                                cfg.model.activation_checkpointing, cfg.bf16, fsdp_unit=cfg.model.fsdp_unit)
     optimizer, scheduler = build_optimizer(model, cfg.optim, plan.total_steps)
     from train.checkpoint import TrainerState
 

@@ -1,8 +1,9 @@
 """Build the Hugging Face causal LM and shard it with FSDP2 over a 1-D device mesh.
 
 `fully_shard` goes on every decoder layer, then on the root (embeddings, final norm and the LM head,
-which stay together so tied embeddings remain one parameter). FSDP2 also runs on CPU with gloo,
-which is what the CPU tests use; FSDP1 does not.
+which stay together so tied embeddings remain one parameter); with `model.fsdp_unit: model`, on the root only
+(one unit, gathered once per step). FSDP2 also runs on CPU with gloo, which is what the CPU tests use; FSDP1
+does not.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def load_model(model_dir: str, attn_implementation: str, activation_checkpointin
     return model
 
 
-def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool) -> torch.nn.Module:
-    """Apply FSDP2 to each decoder layer and the root; bf16 compute keeps fp32 master weights and reductions.
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool, unit: str = "layer") -> torch.nn.Module:
+    """Apply FSDP2 to each decoder layer and the root (`unit` "layer"), or to the root alone, kept gathered from
+    forward through backward (`unit` "model"); bf16 compute keeps fp32 master weights and reductions.
 
     Under LoRA the root is the peft wrapper (its forward calls the base model's `forward` directly, past any
     hooks on the base), and each layer's frozen base weights are sharded beside its trainable adapter."""
@@ -55,6 +57,9 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool) -> torch.n
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()
+    if unit == "model":
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        return model
     layers = decoder_layers(model)
     for i, layer in enumerate(layers):
         # Backward starts with the last layer, so keeping it gathered after forward saves an all-gather.
@@ -65,13 +70,14 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, bf16: bool) -> torch.n
 
 def build_sharded_model(model_dir: str, device: torch.device, attn_implementation: str = "sdpa",
                         activation_checkpointing: bool = False, bf16: bool = False,
-                        lora: LoraConfig | None = None, base_model_ref: str = "") -> torch.nn.Module:
-    """Load, shard and return the model ready for training on `device`; with `lora` enabled, a LoRA adapter on
-    the frozen base (`base_model_ref` goes into its adapter config)."""
+                        lora: LoraConfig | None = None, base_model_ref: str = "", fsdp_unit: str = "layer"
+                        ) -> torch.nn.Module:
+    """Load, shard (`fsdp_unit`: see ModelConfig) and return the model ready for training on `device`; with `lora`
+    enabled, a LoRA adapter on the frozen base (`base_model_ref` goes into its adapter config)."""
     model = load_model(model_dir, attn_implementation, activation_checkpointing)
     if lora is not None and lora.enabled:
         model = apply_lora(model, lora, base_model_ref or model_dir)
-    model = shard_model(model, device_mesh(device), bf16)
+    model = shard_model(model, device_mesh(device), bf16, fsdp_unit)
     model.train()
     return model
 

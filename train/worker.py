@@ -134,6 +134,7 @@ def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank
     fingerprint = adam_state_summary(optimizer)
     if rank == 0:
         logger.log(state.step, {f"checkpoint/{k}": v for k, v in fingerprint.items()})
+        logger.flush()  # every step up to this checkpoint is in MLflow before a restart could resume past it
     report = {"step": state.step, "epoch": state.epoch, "eval_loss": state.eval_loss,
               "first_eval_loss": state.first_eval_loss, "loss": metrics.get("loss"), "tokens_seen": state.tokens_seen,
               "train_time_s": state.train_time_s,
@@ -187,7 +188,8 @@ def train_fn_per_worker(config: dict) -> None:
 
     model_dir = _model_dir(plan, ctx.get_local_rank())
     model = build_sharded_model(model_dir, device, cfg.model.attn_implementation,
-                                cfg.model.activation_checkpointing, cfg.bf16, cfg.lora, plan.base_model_ref)
+                                cfg.model.activation_checkpointing, cfg.bf16, cfg.lora, plan.base_model_ref,
+                                cfg.model.fsdp_unit)
     optimizer, scheduler = build_optimizer(model, cfg.optim, plan.total_steps)
     logger = MetricLogger(config.get("mlflow_run_id") if rank == 0 else None)
 
@@ -219,7 +221,10 @@ def train_fn_per_worker(config: dict) -> None:
     hooks.on_start(state)
     source = ShardBatches(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("eval"), cfg, device)
     mask_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
-    train_loop(model, optimizer, scheduler, source, plan.loop, state, hooks, device, mask_dtype,
-               after_step=lambda step: maybe_kill_worker(step, rank, world))
+    try:
+        train_loop(model, optimizer, scheduler, source, plan.loop, state, hooks, device, mask_dtype,
+                   after_step=lambda step: maybe_kill_worker(step, rank, world))
+    finally:
+        logger.flush()
     if rank == 0:
         metrics_api.flush()  # the worker is killed when this returns: its final step must reach Prometheus

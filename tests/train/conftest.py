@@ -130,7 +130,7 @@ class History:
         self.client = registry.client()
 
     def values(self, run_id: str, key: str) -> list[tuple[int, float]]:
-        """(step, value) in logging order (a resumed run logs the steps after its checkpoint twice)."""
+        """(step, value) in logging order (a resumed run may log steps after its checkpoint twice)."""
         hist = self.client.get_metric_history(run_id, key)
         return [(m.step, m.value) for m in sorted(hist, key=lambda m: (m.timestamp, m.step))]
 
@@ -138,7 +138,30 @@ class History:
         """Step -> the last value logged at that step."""
         return dict(self.values(run_id, key))
 
+    def assert_resumed(self, run_id: str, resumed_at: int, killed_after: int, total: int) -> None:
+        """The loss curve of a run that lost a worker after step `killed_after` and resumed from its checkpoint at
+        `resumed_at`: every step up to the checkpoint once, then those run before the kill (each may be missing: step
+        metrics go to MLflow once a second and at each checkpoint), then every step from the checkpoint on again.
+        Nothing restarted from zero."""
+        steps = [s for s, _ in self.values(run_id, "loss")]
+        before, after = list(range(1, resumed_at + 1)), list(range(resumed_at + 1, total + 1))
+        between = steps[len(before):len(steps) - len(after)]
+        assert steps[:len(before)] == before and steps[len(steps) - len(after):] == after, steps
+        assert between == list(range(resumed_at + 1, killed_after + 1))[:len(between)], steps
+
 
 @pytest.fixture(scope="session")
 def history(local_stack) -> History:
     return History()
+
+
+@pytest.fixture
+def one_process_group():
+    """A 1-rank gloo group in this process: FSDP2 and DCP as a Ray Train worker runs them, without Ray."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -16,7 +16,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from data.prepared import COLUMNS, load_manifest
@@ -58,16 +57,6 @@ def test_targets_the_base_lacks_are_refused_from_its_config_alone(tiny_model_dir
     with pytest.raises(ConfigError, match=r"lora.target_modules: \['query_key_value'\] is not a linear layer of the "
                                           r"base model; it has \[.*'q_proj'.*\]"):
         check_target_modules(config, ["q_proj", "query_key_value"])
-
-
-@pytest.fixture
-def one_process_group():
-    """A 1-rank gloo group in this process: FSDP2 and DCP as a Ray Train worker runs them, without Ray."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_only_the_adapter_trains_is_checkpointed_and_exported(one_process_group, tiny_model_dir, tmp_path):
@@ -198,7 +187,7 @@ def test_lora_run_resumes_after_a_lost_worker_and_registers_an_adapter_of_its_ba
     assert f"resumed from {run_uri.removeprefix('s3://')}/checkpoint_step000006 at step 6" in run.stdout, str(run)
     saved = history.curve(run_id, "checkpoint/adam_m_sumsq")[6]
     assert saved > 0 and history.curve(run_id, "resume/adam_m_sumsq")[6] == pytest.approx(saved, rel=1e-9)
-    assert [s for s, _ in history.values(run_id, "loss")] == [1, 2, 3, 4, 5, 6, 7, 8, 7, 8, 9, 10, 11, 12]
+    history.assert_resumed(run_id, resumed_at=6, killed_after=8, total=12)
     # Its checkpoints hold the adapter only: 2 matrices per targeted projection per layer.
     layers = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.num_hidden_layers
     ckpt = storage.local_copy(result["checkpoint_uri"], tmp_path / "ckpt")
