@@ -41,7 +41,7 @@ RESULT_PREFIX = "BENCH_RESULT "
 # Both workers call torch.set_num_threads (which sets OpenMP's count too), so "torch threads" decides their
 # compute threads; the threads that really computed ("busy threads per worker", from their CPU time) are shown
 # beside it, not matched: a Ray worker also runs Ray Data's prefetch, which is part of what is measured.
-MUST_MATCH = ["worker processes", "niceness", "CPU affinity", "torch threads", "backend", "precision",
+MUST_MATCH = ["worker processes", "niceness", "CPU affinity", "torch threads", "backend", "precision", "FSDP unit",
               "micro-batch x seq_len", "grad accumulation", "timed steps"]
 
 
@@ -101,6 +101,7 @@ def torch_threads(plan) -> int:
 def loop_setup(cfg, plan, steps: int) -> dict:
     """What both sides' loops are given (the same config and plan), in set-up terms."""
     return {"torch threads": torch_threads(plan), "precision": "bf16" if cfg.bf16 else "fp32",
+            "FSDP unit": cfg.model.fsdp_unit,
             "micro-batch x seq_len": f"{cfg.train.micro_batch_size} x {plan.seq_len}",
             "grad accumulation": cfg.train.grad_accum_steps, "timed steps": steps}
 
