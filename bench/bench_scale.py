@@ -9,7 +9,8 @@ process session and to nothing else. This script samples every 0.5 s the proport
 /proc/<pid>/smaps_rollup: pages shared by several processes, as the object store is, are split among them and so
 counted once) of the driver and, summed, of the rest of its session; it prints the peak of each. Per size:
   data   `data.prepare.main` on generated chat records (user 10-80 words, assistant 20-200, every record unique and
-         valid; JSONL written streaming, 8 files) with the `tiny` model's tokenizer, seq_len 512, packing, 8 shards;
+         valid; JSONL written streaming, 8 files) with the `tiny` model's tokenizer, seq_len 512, packing, shards sized
+         by input (`num_shards: 0`, 64 MiB of input each);
          tokens/s = tokens written to the packed Parquet over the stage's wall time.
   batch  `serve.batch.pipeline.main` (infer mode, configs/batch/infer_tiny.yaml) on generated prompts with the
          `tiny` model, at most `--max-tokens` output tokens per prompt; tokens/s = output tokens over the wall time
@@ -87,12 +88,13 @@ def drive(kind: str, inputs: str, model: str, out: str, num_cpus: int, max_token
         from data.prepare import main
 
         cfg = from_dict(Config, {"inputs": [inputs], "output_uri": out, "tokenizer": model, "format": "chat",
-                                 "seq_len": 512, "packing": "pack", "num_shards": 8, "eval_fraction": 0.01}, "bench")
+                                 "seq_len": 512, "packing": "pack", "num_shards": 0, "eval_fraction": 0.01}, "bench")
         t0 = time.perf_counter()
         result = main(cfg)
         wall = time.perf_counter() - t0
         tokens = sum(s["tokens"] for s in result.splits.values())
-        figures = {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "records": result.counts["read"]}
+        figures = {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "records": result.counts["read"],
+                   "shards": result.manifest["num_shards"]}
     else:
         from pipelines.config import load_config
         from serve.batch.config import Config
@@ -174,6 +176,7 @@ def run_size(kind: str, size: int, work: Path, model: str, num_cpus: int, max_to
 
 def line(kind: str, r: dict) -> str:
     steady = f", steady {r['steady_tokens_per_s']:.0f}" if r.get("steady_tokens_per_s") else ""
+    steady += f", {r['shards']} shards" if r.get("shards") else ""
     return (f"{kind} {r['size']:>9,}: wall {r['wall_s']:7.1f} s, {r['tokens']:>12,} tokens, {r['tokens_per_s']:8.0f} "
             f"tok/s{steady}; peak PSS driver {r['driver_peak_mib']:6.0f} MiB, cluster {r['cluster_peak_mib']:6.0f} MiB; "
             f"spilled {r['spilled_bytes'] / 2**20:.0f} MiB")

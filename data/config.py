@@ -37,8 +37,11 @@ class Config:
     """Share of `inputs` records that go to eval, chosen by a hash of content and seed (ignored with eval_inputs)."""
     seed: int = 0
     """Seeds the shuffle order and the train/eval split."""
-    num_shards: int = 8
-    """Hash partitions of the examples by content; each becomes one Parquet file per split, built by one task."""
+    num_shards: int = 0
+    """Hash partitions of the examples by content; each becomes one Parquet file per split, built by one task.
+    0 = by input size, one per `shard_bytes` of input, so a shard task's memory does not grow with the input."""
+    shard_bytes: int = 64 << 20
+    """With num_shards 0: input bytes per shard (a shard task holds its shard in memory, a few times this)."""
     max_reject_fraction: float = 0.05
     """The run fails at the end (rejects still written, no manifest) when more records than this are rejected."""
     min_chars: int = 1
@@ -79,7 +82,8 @@ class Config:
         require(8 <= self.seq_len <= 1 << 20, "seq_len", f"{self.seq_len} is out of range (8 .. 1048576)")
         require(0.0 <= self.eval_fraction < 1.0, "eval_fraction", f"{self.eval_fraction} must be in [0, 1)")
         require(0.0 <= self.max_reject_fraction <= 1.0, "max_reject_fraction", "must be in [0, 1]")
-        require(1 <= self.num_shards <= 100_000, "num_shards", f"{self.num_shards} must be in 1 .. 100000")
+        require(0 <= self.num_shards <= 100_000, "num_shards", f"{self.num_shards} must be in 0 (by input size) .. 100000")
+        require(self.shard_bytes >= 1 << 20, "shard_bytes", f"{self.shard_bytes} must be at least 1 MiB")
         require(0 <= self.min_chars <= self.max_chars, "min_chars", "must be >= 0 and <= max_chars")
         require(self.tokenize_batch_size >= 1, "tokenize_batch_size", "must be >= 1")
 
@@ -87,6 +91,12 @@ class Config:
 def version_config(cfg: Config) -> dict:
     """The part of the config that decides the output's content (what the version hashes)."""
     return {k: v for k, v in to_dict(cfg).items() if k not in NOT_IN_VERSION}
+
+
+def shard_count(cfg: Config, input_bytes: int) -> int:
+    """The shards a run builds: `num_shards`, or (0) one per `shard_bytes` of input. It depends on the input and the
+    config only, never on the cluster, so a dataset version has one content wherever it is built."""
+    return cfg.num_shards or min(100_000, max(1, -(-input_bytes // cfg.shard_bytes)))
 
 
 def content_config_hash(cfg: Config) -> str:

@@ -20,7 +20,7 @@ from ray.data.context import ShuffleStrategy
 
 from data import manifest as mf
 from data import tracking
-from data.config import Config, content_config_hash
+from data.config import Config, content_config_hash, shard_count
 from data.datasource import LinesDatasource
 from data.examples import EVAL, EXAMPLE_SCHEMA, TRAIN, ExamplePlan, to_examples
 from data.prepared import load_manifest
@@ -162,16 +162,17 @@ def main(cfg: Config) -> Result:
     if storage.exists(version_uri):
         storage.delete_tree(version_uri)  # a failed or overwritten earlier attempt: start clean
 
+    num_shards = shard_count(cfg, sum(f.size for f in files))
     example_plan = ExamplePlan(RecordRules.from_config(cfg), ChatRenderer.build(_template_spec(cfg, tok)), cfg.seed,
-                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, cfg.num_shards)
-    threads = _task_threads(cpus, cfg.num_shards, node_free_cpus())
+                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, num_shards)
+    threads = _task_threads(cpus, num_shards, node_free_cpus())
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
-                           threads, cfg.num_shards)
+                           threads, num_shards)
     with tracking.data_run(cfg, version, manifest_uri) as run_id:
         totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
-                                     totals, run_id)
+                                     totals, run_id, num_shards)
         wall_s = time.perf_counter() - t0
         if run_id:
             tracking.log_outcome(manifest, manifest_uri, wall_s)

@@ -65,10 +65,10 @@ def test_manifest_fields_and_summary(tmp_path):
     cfg = from_dict(Config, {"inputs": ["a.jsonl"], "output_uri": str(tmp_path), "tokenizer": "tok", "seq_len": 64})
     totals = add_up([shard(0)])
     m = build_manifest(cfg, "0123456789abcdef", str(tmp_path / "0123456789abcdef"), ["a.jsonl"], {"a.jsonl": "1" * 64},
-                       TOKENIZER, totals, None)
+                       TOKENIZER, totals, None, num_shards=3)
     assert set(m) == {"version", "created_at", "format", "sources", "source_hashes", "tokenizer", "seq_len", "packing",
-                      "splits", "counts", "packing_efficiency", "config", "config_hash", "output_uri", "mlflow_run_id"}
-    assert m["splits"]["train"]["path"] == str(tmp_path / "0123456789abcdef" / "train")
+                      "num_shards", "splits", "counts", "packing_efficiency", "config", "config_hash", "output_uri", "mlflow_run_id"}
+    assert m["splits"]["train"]["path"] == str(tmp_path / "0123456789abcdef" / "train") and m["num_shards"] == 3
     assert m["packing_efficiency"] == round(130 / (3 * 64), 6) and m["config"]["seq_len"] == 64
     table = summary_table(m, str(tmp_path / "0123456789abcdef" / "manifest.json"), wall_s=2.0)
     assert "0123456789abcdef" in table and "invalid_json: 2" in table and "67.7%" in table and "65 tokens/s" in table

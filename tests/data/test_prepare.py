@@ -186,3 +186,27 @@ def test_shard_task_cpus_fit_on_one_node(cpus, shards, node_free, want):
     from data.prepare import _task_threads
 
     assert _task_threads(cpus, shards, node_free) == want
+
+
+def test_shards_sized_by_input_keep_what_a_fixed_count_keeps(ray_session, local_stack, sample_corpus_dir,
+                                                             tiny_model_dir, tmp_path):
+    """`num_shards: 0` cuts the work by input bytes (here 1 MiB a shard): more shards than the fixed count, the same
+    records kept, dropped and rejected (every copy of an example still meets its twins in one shard)."""
+    train = (sample_corpus_dir / "train.jsonl").read_text()
+    copies = []
+    for i in range(1 + (3 << 20) // len(train.encode())):  # > 3 MiB: copies of the corpus, deduplicated away
+        copies.append(tmp_path / f"copy-{i}.jsonl")
+        copies[-1].write_text(train)
+    inputs = [str(p) for p in copies] + [str(sample_corpus_dir / "malformed.jsonl")]
+    size = sum(p.stat().st_size for p in copies) + (sample_corpus_dir / "malformed.jsonl").stat().st_size
+    common = {"inputs": inputs, "eval_inputs": [str(sample_corpus_dir / "eval.jsonl")], "tokenizer": str(tiny_model_dir),
+              "max_reject_fraction": 0.5}
+    fixed = main(config(**common, output_uri=str(tmp_path / "fixed")))
+    sized = main(config(**common, output_uri=str(tmp_path / "sized"), num_shards=0, shard_bytes=1 << 20))
+    total = size + (sample_corpus_dir / "eval.jsonl").stat().st_size
+    assert fixed.manifest["num_shards"] == 2 and sized.manifest["num_shards"] == -(-total // (1 << 20)) >= 4
+    assert len(list((tmp_path / "sized" / sized.version / "train").glob("*.parquet"))) == sized.manifest["num_shards"]
+    assert sized.counts == fixed.counts and sized.counts["deduplicated"] >= len(copies[1:]) * 600
+    for split in ("train", "eval"):  # the same examples and tokens; only how they are packed into rows may differ
+        assert [sized.splits[split][k] for k in ("examples", "tokens")] == \
+            [fixed.splits[split][k] for k in ("examples", "tokens")], split
