@@ -37,6 +37,9 @@ REFRESH_S = 5.0
 """How often this process re-sets its gauges (Ray drops a gauge not set for ~2 report intervals)."""
 REPORT_INTERVAL_MS = 2000
 """`RAY_metrics_report_interval_ms` of processes that must flush before they end (Train workers)."""
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
+"""Close enough at the low end for a canary step's TTFT p50/p99 ratios (serve/canary_metrics.py interpolates)."""
+ITL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
 
 
@@ -87,7 +90,9 @@ METRICS: dict[str, Metric] = {
                                                "challenger; mode live or shadow) and outcome.",
                                       ("app", "role", "mode", "outcome")),
     "rayline_canary_ttft_seconds": Metric(HISTOGRAM, "Time to first byte of a canary's live requests, by side.",
-                                          ("app", "role"), (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)),
+                                          ("app", "role"), LATENCY_BUCKETS),
+    "rayline_canary_itl_seconds": Metric(HISTOGRAM, "Mean gap between the streamed chunks of a canary's live answers "
+                                                    "(inter-token latency), by side.", ("app", "role"), ITL_BUCKETS),
     # serve/rollout.py (a rollout run on the cluster: a Ray job or the rendered RayJob)
     "rayline_rollouts": Metric(COUNTER, "Rollouts by outcome (deployed, rejected at the gate, rolled_back, ...).",
                                ("model", "outcome")),

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines import registry, storage
+from pipelines import metrics, registry, storage
 from pipelines.config import from_dict, to_dict
 from serve import engine
 from serve.serve_config import Config
@@ -144,6 +144,9 @@ def served_model_of(app_config: dict[str, Any]) -> ServedModel | None:
 # handler's file and raises, and Serve replaces the replica (measured: both replicas of an app stopped and
 # restarted, ~35 s without capacity). vLLM's own log lines go through a plain handler instead (serve.llm_hooks).
 REPLICA_LOGGING_ENV = {"VLLM_CONFIGURE_LOGGING": "0"}
+# A canary step is judged on the replicas' metrics as Prometheus stores them (serve/canary_metrics.py): reported every
+# 2 s instead of Ray's 10, a step's figures are in Prometheus a few seconds after it, not ~15.
+REPLICA_METRICS_ENV = {"RAY_metrics_report_interval_ms": str(metrics.REPORT_INTERVAL_MS)}
 
 
 def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
@@ -160,7 +163,7 @@ def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
     }
     # LLMConfig.runtime_env replaces the app's env_vars wholesale, so carry the app's own along.
     env_vars = {**base_env, **engine.runtime_env(cfg.engine).get("env_vars", {}), "RAYLINE_MODEL_VERSION": model.label,
-                **REPLICA_LOGGING_ENV}
+                **REPLICA_LOGGING_ENV, **REPLICA_METRICS_ENV}
     experimental = {}
     if cfg.stream_batching_interval_ms is not None:
         experimental["stream_batching_interval_ms"] = cfg.stream_batching_interval_ms

@@ -4,11 +4,14 @@ is judged on live metrics at each step, and becomes champion or is rolled back.
 `Rollout.once` hands over to `Canary.run` when `canary.steps` is set and `NAME@challenger` names a version:
   1. gate      the same gate as a plain rollout (eval tags, complete checkpoint); refused -> tagged, alias removed
   2. deploy    the challenger as a Serve app of its own (`<app>-challenger` at `<route>/-challenger`), pinned to its
-               version, beside the champion's app (on Kubernetes: one more application in the same serveConfigV2)
+               version, beside the champion's app (on Kubernetes: one more application in the same serveConfigV2);
+               one replica to start with, scaling on its own load up to the champion's max_replicas
   3. steps     for each share: set `canary` in the champion engine deployment's `user_config` (the replicas route
                without restarting; serve/canary_split.py), run the step's window with a quality probe (known answers
                sent to both sides), then judge the window's live metrics (error ratio, TTFT p50/p99, inter-token
-               latency, probe exact match) against the thresholds in `canary`
+               latency, probe exact match) against the thresholds in `canary`: every champion replica's, read from
+               Prometheus `canary.metrics_lag_s` after the window (serve/canary_metrics.py), or, without a
+               Prometheus, the stats of the one replica the rollout's request reaches
   4. promote   every step passed: `champion` moves to the challenger's version, `challenger` is removed, the champion
                app is rolled to it (the plain rollout's deploy and verify) and the challenger app removed
      roll back a step failed (or the challenger never answered): the split is removed, then the challenger app, then
@@ -121,7 +124,10 @@ class Canary:
             raise ValueError("canary: needs the serving config's ingress: engine (the champion's replicas split the "
                              f"traffic); {sc.app_name} has ingress: {sc.ingress}")
         route = self.cfg.route_prefix or sc.route_prefix.rstrip("/") + "/-challenger"
-        self.serve_cfg = replace(sc, app_name=f"{sc.app_name}-challenger", route_prefix=route)
+        # The challenger takes a share of the traffic: it starts with one replica and scales on its own load up to
+        # the champion's max_replicas.
+        self.serve_cfg = replace(sc, app_name=f"{sc.app_name}-challenger", route_prefix=route,
+                                 autoscaling=replace(sc.autoscaling, min_replicas=1, initial_replicas=None))
         self.target = target or rollout.target.for_app(self.serve_cfg.app_name)
         champion_v1 = rollout.base_url.rstrip("/")
         root = champion_v1.removesuffix("/v1").removesuffix(sc.route_prefix.rstrip("/"))
@@ -129,6 +135,7 @@ class Canary:
         self.forward_url = root + route.rstrip("/")
         self.base_url = self.forward_url + "/v1"
         self.deployment = engine_deployment_name(sc)
+        self.prometheus = rollout.canary_metrics_url
 
     # -- the canary --------------------------------------------------------------------------------------------
 
@@ -232,10 +239,18 @@ class Canary:
             if i == 0:
                 mlflow.log_metric("first_canary_s", t0 - start)  # alias seen -> the replicas route live requests to it
             probe = self.probe(probe_set, seed=i) if probe_set else None
-            time.sleep(max(0.0, t0 + cfg.step_s - time.time()))
-            sides = self.stats(t0)["sides"]
+            try:
+                sides, window = self.live_figures(t0)
+            except (OSError, ValueError, KeyError) as e:
+                source = f"Prometheus at {self.prometheus}" if self.prometheus else "the champion replicas' stats route"
+                return f"step {i} ({share:.0%}): its live metrics could not be read from {source}: {e}"
             problems = judge(sides, probe, cfg)
+            if self.prometheus and not any(side["requests"] for side in sides.values()):
+                problems.append(f"Prometheus at {self.prometheus} holds no canary requests of app "
+                                f"{self.r.serve_cfg.app_name} in the window {window} (does it scrape the replicas' "
+                                f"nodes? is canary.metrics_lag_s longer than their report + scrape interval?)")
             step = {"step": i, "share": share, "mode": cfg.mode, "started_at": t0, "window_s": round(time.time() - t0, 1),
+                    "metrics": {"source": "prometheus" if self.prometheus else "replica", "window": window},
                     "sides": sides, "probe": probe, "passed": not problems, "problems": problems}
             steps.append(step)
             self._log_step(step)
@@ -244,6 +259,19 @@ class Canary:
             if problems:
                 return f"step {i} ({share:.0%} {cfg.mode}) failed: " + "; ".join(problems)
         return ""
+
+    def live_figures(self, t0: float) -> tuple[dict[str, Any], list[float]]:
+        """Wait out the step begun at `t0`; then each side's live figures over it, and the window they cover."""
+        from serve import canary_metrics
+
+        end = t0 + self.cfg.step_s
+        if not self.prometheus:
+            time.sleep(max(0.0, end - time.time()))
+            return self.stats(t0)["sides"], [t0, time.time()]
+        lag = self.cfg.metrics_lag_s
+        time.sleep(max(0.0, end + lag - time.time()))  # the split stays as it is until the window's end is stored
+        read = canary_metrics.window(self.prometheus, self.r.serve_cfg.app_name, t0 + lag, end + lag)
+        return read["sides"], read["window"]
 
     def probe(self, records: list[tuple[list[dict], str]], seed: int) -> dict[str, float]:
         """Exact match of each side on a sample of known answers (forced to a side by header, not counted live)."""

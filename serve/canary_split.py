@@ -17,8 +17,9 @@ The header `x-rayline-canary: champion|challenger` forces a side (the rollout's 
 not counted as live traffic. Every response says which side answered (`x-rayline-canary`).
 
 Per side the middleware keeps, for the rollout's step analysis, each live request's outcome, time to first byte
-(TTFT) and mean gap between streamed chunks (inter-token latency), served at `GET /-/rayline/canary?since=T`, and
-exports `rayline_canary_requests` / `rayline_canary_ttft_seconds` to Prometheus.
+(TTFT) and mean gap between streamed chunks (inter-token latency), served at `GET /-/rayline/canary?since=T` (this
+replica's alone), and exports them as `rayline_canary_requests` / `_ttft_seconds` / `_itl_seconds`, which a rollout
+reads from Prometheus over every replica (serve/canary_metrics.py).
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ class CanaryState:
                     mode="shadow" if shadow else "live", **self.tags)
         if ok and ttft_s is not None:
             metrics.observe("rayline_canary_ttft_seconds", ttft_s, role=role, **self.tags)
+        if ok and itl_s is not None:
+            metrics.observe("rayline_canary_itl_seconds", itl_s, role=role, **self.tags)
 
     def report(self, since: float) -> dict[str, Any]:
         return {"config": self.config, "now": time.time(),

@@ -89,6 +89,7 @@ class Rollout:
                       else LocalServe(self.serve_cfg.app_name, cfg.dashboard_url))
         self.target = target
         self.base_url = cfg.kubernetes.serve_url if cfg.target == "kubernetes" else self.serve_cfg.base_url()
+        self.canary_metrics_url = cfg.canary.metrics_url() if cfg.canary.steps else ""  # a bad setting fails here
 
     # -- one attempt ---------------------------------------------------------------------------------
 

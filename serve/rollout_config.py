@@ -8,6 +8,7 @@ serving YAML (serve/serve_config.py) that the app is rendered from, with `serve_
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -60,6 +61,16 @@ class CanaryConfig:
     probe_max_tokens: int = 16
     max_quality_drop: float = 0.1
     """The challenger's probe exact match may be at most this below the champion's."""
+    metrics: Literal["auto", "prometheus", "replicas"] = "auto"
+    """Where a step's live figures come from. prometheus: every champion replica's, from `prometheus_url`
+    (serve/canary_metrics.py); replicas: the replicas' own stats route, which answers for the one replica a request
+    reaches (the whole truth only for a one-replica champion); auto: prometheus when a URL is known, else replicas."""
+    prometheus_url: str = ""
+    """The Prometheus that scrapes the champion's replicas; "" = $RAYLINE_PROMETHEUS_URL (the local stack sets it)."""
+    metrics_lag_s: float = 20.0
+    """With prometheus: how long after a moment Prometheus holds what was recorded before it (the replicas' 2 s
+    report interval + the scrape interval + margin). Each step's window is read this much later, so a step takes
+    `step_s` + `metrics_lag_s`; keep `step_s` several scrape intervals long."""
 
     def __post_init__(self) -> None:
         require(all(0 < s <= 1 for s in self.steps), "canary.steps", f"shares must be within (0, 1], got {self.steps}")
@@ -69,6 +80,20 @@ class CanaryConfig:
         require(self.min_requests >= 0 and self.probe_size >= 0, "canary.min_requests", "counts must be >= 0")
         require(not self.route_prefix or self.route_prefix.startswith("/"), "canary.route_prefix",
                 f"must start with '/', got {self.route_prefix!r}")
+        require(self.metrics in ("auto", "prometheus", "replicas"), "canary.metrics",
+                f"must be auto, prometheus or replicas, got {self.metrics!r}")
+        require(self.metrics_lag_s >= 0, "canary.metrics_lag_s", f"must be >= 0, got {self.metrics_lag_s}")
+        require(not self.prometheus_url or self.prometheus_url.startswith(("http://", "https://")),
+                "canary.prometheus_url", f"must be an http(s) URL, got {self.prometheus_url!r}")
+
+    def metrics_url(self) -> str:
+        """The Prometheus a step is judged from; "" = the replicas' own stats."""
+        if self.metrics == "replicas":
+            return ""
+        url = self.prometheus_url or os.environ.get("RAYLINE_PROMETHEUS_URL", "")
+        require(bool(url) or self.metrics == "auto", "canary.prometheus_url",
+                "canary.metrics is prometheus, but no URL is set here or in RAYLINE_PROMETHEUS_URL")
+        return url
 
 
 @dataclass

@@ -144,7 +144,8 @@ EVENTS_THE_DEMO_DOES_NOT_CAUSE = {
     "ray_rayline_train_restarts_total": "no training worker dies",
 }
 # Panels fed only by these show a canary, which the demo does not run: tests/serve/test_canary.py reads them.
-FED_BY_A_CANARY = {"ray_rayline_canary_requests_total", "ray_rayline_canary_ttft_seconds_bucket"}
+FED_BY_A_CANARY = {"ray_rayline_canary_requests_total", "ray_rayline_canary_ttft_seconds_bucket",
+                   "ray_rayline_canary_itl_seconds_sum", "ray_rayline_canary_itl_seconds_count"}
 
 
 def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack):

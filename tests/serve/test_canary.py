@@ -1,8 +1,9 @@
 """Champion and challenger for real: `challenger` set in MLflow, the canary steps under a bounded loopback load, the
 challenger promoted or rolled back (real Serve, vLLM on CPU, MLflow server, openai client).
 
-One champion app for the module (v1). The quality probe's known answers are v1's own greedy answers, so a copy of
-v1's weights (v2) matches them and a model of other weights (v3) does not. In order:
+One champion app of two replicas for the module (v1), each step judged on both from the stack's Prometheus. The
+quality probe's known answers are v1's own greedy answers, so a copy of v1's weights (v2) matches them and a model
+of other weights (v3) does not. In order:
   `challenger` added to v2 in the MLflow UI (headless Chromium) wakes `pipelines.rollout --watch` through MLflow's
       webhook: a split canary of 2 steps under load from clients with a `user` each: zero failed requests, each user
       answered by one version within a step, the challenger's share within a few points, v2 becomes champion;
@@ -41,8 +42,10 @@ MODEL = "rayline-canary-test"
 APP = "rayline-test-canary"
 PREFIX = "/canary-test"
 PROMPTS = ["What is 2 + 2?", "Name a colour.", "Is 7 odd?", "Say hi.", "Count to three.", "What comes after 4?"]
-CANARY = {"steps": [0.25, 0.5], "step_s": 6, "min_requests": 5, "max_error_ratio": 0.0, "probe_size": 6,
-          "probe_max_tokens": 4, "max_quality_drop": 0.34,
+# Steps judged on the stack's Prometheus (2 s replica reports + 5 s scrapes: a step's figures are stored 8 s after it),
+# over both champion replicas; 12 s steps span two or three scrapes.
+CANARY = {"steps": [0.25, 0.5], "step_s": 12, "metrics": "prometheus", "metrics_lag_s": 8,
+          "min_requests": 5, "max_error_ratio": 0.0, "probe_size": 6, "probe_max_tokens": 4, "max_quality_drop": 0.34,
           # the same model on both sides: latency limits loose enough for a busy 2-core box, tight enough for a hang
           "max_ttft_p50_ratio": 5.0, "max_ttft_p99_ratio": 10.0, "max_itl_ratio": 5.0, "latency_slack_s": 0.2}
 
@@ -86,7 +89,10 @@ def setup(local_stack, tiny_model_dir, tmp_path_factory):
         (str(other), {"eval.exact_match": "0.8"}),           # v3: other weights, wrong on the probe
     ])
     assert versions == ["1", "2", "3"]
-    serve_cfg = from_dict(ServeConfig, serve_config_dict(APP, PREFIX, MODEL))
+    # Two champion replicas: the split runs on both, and a step is judged on both (Prometheus), not on the one
+    # replica a stats request would reach.
+    serve_cfg = from_dict(ServeConfig, {**serve_config_dict(APP, PREFIX, MODEL),
+                                        "autoscaling": {"min_replicas": 2, "max_replicas": 2}})
     registry.set_alias(MODEL, "champion", "1")
 
     def rollout(target=None, options: dict | None = None, **canary) -> Rollout:
@@ -172,6 +178,12 @@ def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(s
         # every user answered by one version only (sticky by `user`).
         ch, cp = s["sides"]["challenger"]["requests"], s["sides"]["champion"]["requests"]
         assert ch + cp >= 40 and abs(ch / (ch + cp) - s["share"]) < 0.15, s
+        # The figures are both replicas' (one replica's would be about half the clients' requests): every request
+        # the clients sent in the window Prometheus read, give or take the replicas' 2 s report interval.
+        assert s["metrics"]["source"] == "prometheus", s
+        start, end = s["metrics"]["window"]
+        sent = len(load.between(start, end))
+        assert end - start >= 5 and 0.75 * sent <= ch + cp <= 1.25 * sent, (sent, s)
         assert s["probe"] == {"champion": 1.0, "challenger": 1.0}
     for s in steps:  # the replicas took the share before the step began
         by_user = defaultdict(set)

@@ -71,7 +71,7 @@ def test_with_canary_sets_and_removes_the_split_beside_the_adapters():
     assert with_canary(bare, "LLMServer:rayline", None) == bare
 
 
-def test_bad_canary_settings_are_refused_with_the_field_named(tmp_path):
+def test_bad_canary_settings_are_refused_with_the_field_named(tmp_path, monkeypatch):
     state = CanaryState()
     for config, field in (({"share": 1.5, "url": "http://x"}, "canary.share"),
                           ({"share": 0.5, "mode": "both", "url": "http://x"}, "canary.mode"),
@@ -83,9 +83,18 @@ def test_bad_canary_settings_are_refused_with_the_field_named(tmp_path):
     state.configure(None)
     assert not state.active
     for canary, field in (({"steps": [0.5, 0.25]}, "canary.steps"), ({"steps": [0, 0.5]}, "canary.steps"),
-                          ({"step_s": 0}, "canary.step_s"), ({"route_prefix": "x"}, "canary.route_prefix")):
+                          ({"step_s": 0}, "canary.step_s"), ({"route_prefix": "x"}, "canary.route_prefix"),
+                          ({"metrics": "logs"}, "metrics: .logs. is not one of"), ({"metrics_lag_s": -1}, "canary.metrics_lag_s"),
+                          ({"prometheus_url": "127.0.0.1:9090"}, "canary.prometheus_url")):
         with pytest.raises(ConfigError, match=field):
             from_dict(CanaryConfig, canary)
+    monkeypatch.delenv("RAYLINE_PROMETHEUS_URL", raising=False)
+    with pytest.raises(ConfigError, match="canary.prometheus_url: canary.metrics is prometheus, but no URL"):
+        from_dict(CanaryConfig, {"metrics": "prometheus"}).metrics_url()
+    assert from_dict(CanaryConfig, {}).metrics_url() == ""  # auto without a Prometheus: the replicas' stats
+    monkeypatch.setenv("RAYLINE_PROMETHEUS_URL", "http://127.0.0.1:9190")
+    assert from_dict(CanaryConfig, {}).metrics_url() == "http://127.0.0.1:9190"
+    assert from_dict(CanaryConfig, {"metrics": "replicas"}).metrics_url() == ""
     probe = tmp_path / "probe.jsonl"
     probe.write_text("\ufeff" + json.dumps({"messages": [{"role": "user", "content": "1+1?"},
                                                          {"role": "assistant", "content": "2"}]}) + "\n"
