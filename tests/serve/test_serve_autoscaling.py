@@ -74,7 +74,12 @@ def listening_addresses(gcs_port: int) -> list[tuple[str, str]]:
             ours.update(proc.children(recursive=True))
         except psutil.Error:
             pass
-    names = {p.pid: p.name() for p in ours}
+    names = {}
+    for proc in ours:
+        try:
+            names[proc.pid] = proc.name()
+        except psutil.Error:  # exited since it was listed (a worker, a short-lived child): it listens nowhere now
+            pass
     found = []
     for ln in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines():
         pids = {int(pid) for pid in re.findall(r"pid=(\d+),", ln)} & names.keys()
