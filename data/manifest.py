@@ -73,7 +73,7 @@ def check_reject_fraction(counts: dict, max_fraction: float, rejects_uri: str) -
 
 
 def build_manifest(cfg: Config, version: str, version_uri: str, sources: list[str], source_hashes: dict[str, str],
-                   tokenizer: dict, totals: dict, mlflow_run_id: str | None, num_shards: int | None = None) -> dict:
+                   tokenizer: dict, totals: dict, mlflow_run_id: str | None, num_shards: int) -> dict:
     seq_len = cfg.seq_len
     rows = sum(totals["splits"][n]["rows"] for n in SPLIT_NAMES)
     tokens = sum(totals["splits"][n]["tokens"] for n in SPLIT_NAMES)
@@ -87,7 +87,7 @@ def build_manifest(cfg: Config, version: str, version_uri: str, sources: list[st
         "tokenizer": tokenizer,
         "seq_len": seq_len,
         "packing": cfg.packing,
-        "num_shards": num_shards or cfg.num_shards,  # the shards built (config.shard_count: num_shards 0 = by input size)
+        "num_shards": num_shards,  # the shards built (data.config.shard_count: num_shards 0 = by input size)
         "splits": {n: {"path": storage.join(base, n), **totals["splits"][n]} for n in SPLIT_NAMES},
         "counts": totals["counts"],
         "packing_efficiency": round(tokens / (rows * seq_len), 6) if rows else 0.0,

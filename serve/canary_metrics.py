@@ -83,18 +83,17 @@ def window(url: str, app: str, start: float, end: float) -> dict[str, Any]:
         read_to += [t for t, _ in after.values()]
     sides: dict[str, Any] = {}
     for role in (CHAMPION, CHALLENGER):
-        def mine(name: str) -> list[tuple[dict[str, str], float]]:
-            return [(dict(k), v) for k, v in grown[name].items() if dict(k).get("role") == role]
-
-        requests = sum(v for _, v in mine("requests"))
-        errors = sum(v for lab, v in mine("requests") if lab.get("outcome") == "error")
+        mine = {name: [(dict(k), v) for k, v in series.items() if dict(k).get("role") == role]
+                for name, series in grown.items()}
+        requests = sum(v for _, v in mine["requests"])
+        errors = sum(v for lab, v in mine["requests"] if lab.get("outcome") == "error")
         buckets: dict[float, float] = defaultdict(float)
-        for lab, v in mine("ttft"):
+        for lab, v in mine["ttft"]:
             buckets[float(lab["le"])] += v
-        itl_n = sum(v for _, v in mine("itl_count"))
+        itl_n = sum(v for _, v in mine["itl_count"])
         sides[role] = {"requests": round(requests), "errors": round(errors),
                        "error_ratio": errors / requests if requests else 0.0,
-                       "shadow": round(sum(v for lab, v in mine("requests") if lab.get("mode") == "shadow")),
+                       "shadow": round(sum(v for lab, v in mine["requests"] if lab.get("mode") == "shadow")),
                        "ttft_p50_s": histogram_quantile(0.5, buckets), "ttft_p99_s": histogram_quantile(0.99, buckets),
-                       "itl_mean_s": sum(v for _, v in mine("itl_sum")) / itl_n if itl_n else None}
+                       "itl_mean_s": sum(v for _, v in mine["itl_sum"]) / itl_n if itl_n else None}
     return {"sides": sides, "window": [max(read_from, default=start), max(read_to, default=end)]}

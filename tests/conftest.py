@@ -49,6 +49,19 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(scope="session")
+def promtool() -> str:
+    """Debian's `promtool` (Prometheus's own rule checker and PromQL engine), or the test is skipped."""
+    import shutil
+
+    from pipelines import prometheus
+
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip(f"promtool not installed: {prometheus.available()}")
+    return path
+
+
+@pytest.fixture(scope="session")
 def stack_cfg() -> stack.StackConfig:
     return from_dict(stack.StackConfig, {**TEST_STACK, "s3": objectstore.available() is None}, "tests/conftest.py")
 

@@ -5,21 +5,12 @@ import re
 import shutil
 import subprocess
 
-import pytest
 import yaml
 
 from pipelines import metrics, prometheus
 
 RULES = prometheus.RULES
 RULE_TESTS = RULES.with_name("alerts_test.yml")
-
-
-@pytest.fixture(scope="module")
-def promtool():
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip(f"promtool not installed: {prometheus.available()}")
-    return path
 
 
 def run(*args):

@@ -3,10 +3,8 @@ and every rayline metric both defined in pipelines/metrics.py and shown somewher
 panel returning series after a real chain, is in tests/pipelines/test_demo.py."""
 
 import json
-import shutil
 import subprocess
 
-import pytest
 import yaml
 
 from pipelines import metrics, prometheus
@@ -28,10 +26,7 @@ def test_dashboards_are_grafana_json():
             assert [t["refId"] for t in panel["targets"]] == [chr(65 + i) for i in range(len(panel["targets"]))]
 
 
-def test_every_query_is_valid_promql(tmp_path):
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip(f"promtool not installed: {prometheus.available()}")
+def test_every_query_is_valid_promql(tmp_path, promtool):
     queries = prometheus.dashboard_queries()
     rules = {"groups": [{"name": "dashboards", "rules": [
         {"record": f"rayline:panel_{i}", "expr": prometheus.grafana_expr(expr)} for i, (_, _, expr) in enumerate(queries)]}]}
