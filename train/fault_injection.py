@@ -1,9 +1,10 @@
-"""Test-only fault injector: kill one training worker, or its whole node, at a chosen step, once.
+"""Test-only fault injector: kill one training worker, or its whole node, at chosen steps, once each.
 
-Off unless RAYLINE_FAULT_AT_STEP is set (users never set it). With it set, the worker of rank
-RAYLINE_FAULT_RANK (default: the last rank) calls `os._exit` right after that optimizer step, as a
-crashed or OOM-killed process would, unless the marker file RAYLINE_FAULT_MARKER exists; it creates
-the marker first, so the restarted worker group passes the same step without dying again.
+Off unless RAYLINE_FAULT_AT_STEP is set (users never set it): a step, or steps separated by commas. With it
+set, the worker of rank RAYLINE_FAULT_RANK (default: the last rank) calls `os._exit` right after such an
+optimizer step, as a crashed or OOM-killed process would, unless the marker file RAYLINE_FAULT_MARKER already
+records that step; it records the step first (one line per fault), so the restarted worker group, or the run
+submitted again, passes the same step without dying again.
 With RAYLINE_FAULT_KIND=node it first SIGKILLs every other process of its Ray node (the raylet's session:
 raylet, agents, the other workers), as a lost machine, at that exact step. Only on a local stack worker node
 (`rayline.io/node=worker-<i>`): never the head, whose session is the whole stack's Ray.
@@ -12,6 +13,7 @@ raylet, agents, the other workers), as a lost machine, at that exact step. Only 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 FAULT_ENV_VARS = ("RAYLINE_FAULT_AT_STEP", "RAYLINE_FAULT_RANK", "RAYLINE_FAULT_MARKER", "RAYLINE_FAULT_KIND")
@@ -19,11 +21,11 @@ FAULT_ENV_VARS = ("RAYLINE_FAULT_AT_STEP", "RAYLINE_FAULT_RANK", "RAYLINE_FAULT_
 
 def maybe_kill_worker(step: int, rank: int, world_size: int) -> None:
     at = os.environ.get("RAYLINE_FAULT_AT_STEP")
-    if not at or step != int(at):
+    if not at or step not in {int(s) for s in at.split(",")}:
         return
     target = int(os.environ.get("RAYLINE_FAULT_RANK", world_size - 1))
     marker = Path(os.environ.get("RAYLINE_FAULT_MARKER", "/tmp/rayline-fault-fired"))
-    if rank != target or marker.exists():
+    if rank != target or step in fired_steps(marker):
         return
     node = os.environ.get("RAYLINE_FAULT_KIND", "process") == "node"
     label = node_label() if node else ""
@@ -32,11 +34,18 @@ def maybe_kill_worker(step: int, rank: int, world_size: int) -> None:
                            f"{label or 'an unlabelled node'}")
     marker.parent.mkdir(parents=True, exist_ok=True)
     what = f"node {label} of rank {rank}" if node else f"rank {rank}"
-    marker.write_text(f"killed {what} after step {step}\n")
+    with marker.open("a") as f:
+        f.write(f"killed {what} after step {step}\n")
     print(f"[rayline fault injector] killing {what} after step {step}", flush=True)
     if node:
         kill_own_session()
     os._exit(137)
+
+
+def fired_steps(marker: Path) -> set[int]:
+    """The steps the marker file records a fault after."""
+    text = marker.read_text() if marker.exists() else ""
+    return {int(m) for m in re.findall(r"after step (\d+)$", text, flags=re.M)}
 
 
 def node_label() -> str:

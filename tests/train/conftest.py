@@ -138,16 +138,28 @@ class History:
         """Step -> the last value logged at that step."""
         return dict(self.values(run_id, key))
 
-    def assert_resumed(self, run_id: str, resumed_at: int, killed_after: int, total: int) -> None:
+    def assert_resumed(self, run_id: str, resumes: list[tuple[int, int]], total: int) -> None:
         """The loss curve of a run that lost a worker after step `killed_after` and resumed from its checkpoint at
-        `resumed_at`: every step up to the checkpoint once, then those run before the kill (each may be missing: step
-        metrics go to MLflow once a second and at each checkpoint), then every step from the checkpoint on again.
-        Nothing restarted from zero."""
+        `resumed_at`, for each (resumed_at, killed_after) of `resumes` in order: every step up to the checkpoint once,
+        then those run before the kill (each may be missing: step metrics go to MLflow once a second and at each
+        checkpoint), then every step from the checkpoint on again. Nothing restarted from zero."""
         steps = [s for s, _ in self.values(run_id, "loss")]
-        before, after = list(range(1, resumed_at + 1)), list(range(resumed_at + 1, total + 1))
-        between = steps[len(before):len(steps) - len(after)]
-        assert steps[:len(before)] == before and steps[len(steps) - len(after):] == after, steps
-        assert between == list(range(resumed_at + 1, killed_after + 1))[:len(between)], steps
+        # (steps, optional prefix?) in order: 1..r1, [r1+1..k1], r1+1..r2, [r2+1..k2], ..., rN+1..total.
+        parts, done = [], 0
+        for resumed_at, killed_after in resumes:
+            parts += [(list(range(done + 1, resumed_at + 1)), False),
+                      (list(range(resumed_at + 1, killed_after + 1)), True)]
+            done = resumed_at
+        parts.append((list(range(done + 1, total + 1)), False))
+
+        def matches(rest: list[int], parts: list[tuple[list[int], bool]]) -> bool:
+            if not parts:
+                return not rest
+            (seq, optional), later = parts[0], parts[1:]
+            lengths = range(len(seq), -1, -1) if optional else [len(seq)]
+            return any(rest[:n] == seq[:n] and matches(rest[n:], later) for n in lengths)
+
+        assert matches(steps, parts), (steps, resumes)
 
 
 @pytest.fixture(scope="session")

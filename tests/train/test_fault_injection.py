@@ -1,4 +1,4 @@
-"""The test-only fault injector fires once, on one rank, at one step."""
+"""The test-only fault injector fires once per chosen step, on one rank."""
 
 import pytest
 
@@ -21,6 +21,23 @@ def test_fires_once_on_the_chosen_rank(monkeypatch, tmp_path):
         fault_injection.maybe_kill_worker(5, rank=1, world_size=2)
     assert marker.read_text() == "killed rank 1 after step 5\n"
     fault_injection.maybe_kill_worker(5, rank=1, world_size=2)  # the restarted worker passes
+
+
+def test_each_listed_step_fires_once_across_restarts_and_resubmissions(monkeypatch, tmp_path):
+    marker = tmp_path / "fired"
+    monkeypatch.setenv("RAYLINE_FAULT_AT_STEP", "5,8")
+    monkeypatch.setenv("RAYLINE_FAULT_MARKER", str(marker))
+    monkeypatch.setattr(fault_injection.os, "_exit", lambda code: (_ for _ in ()).throw(Killed(code)))
+    fired = []
+    for attempt in range(3):  # the first group, the group restarted from step 3, the run submitted again from step 6
+        for step in range((0, 4, 7)[attempt], 13):
+            try:
+                fault_injection.maybe_kill_worker(step, rank=1, world_size=2)
+            except Killed:
+                fired.append((attempt, step))
+                break
+    assert fired == [(0, 5), (1, 8)]
+    assert marker.read_text() == "killed rank 1 after step 5\nkilled rank 1 after step 8\n"
 
 
 def test_rank_env_var_picks_the_victim(monkeypatch, tmp_path):

@@ -1,6 +1,6 @@
 """LoRA on the FSDP2 loop (issue 18, training): peft adapters on a frozen, sharded base; checkpoints and export
-hold the adapter only; the export loads in peft and transformers; a run resumes after a lost worker; the version
-registered is an adapter tagged with the exact base version it was trained on.
+hold the adapter only; the export loads in peft and transformers; a run resumes after a lost worker and when
+submitted again after its job failed; the version registered is an adapter tagged with the exact base version it was trained on.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from data.prepared import COLUMNS, load_manifest
 from pipelines import registry, storage
 from pipelines.config import ConfigError, from_dict, load_config
-from train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from train.checkpoint import TrainerState, load_checkpoint, newest_trainer_state, save_checkpoint
 from train.config import LoraConfig, OptimConfig, TrainConfig
 from train.export import export_model
 from train.fsdp import build_sharded_model
@@ -161,33 +161,52 @@ def base_in_registry(tiny_model_dir, s3_bucket, local_stack):
 
 @pytest.fixture(scope="module")
 def lora_run(make_train_config, run_stage, s3_bucket, base_in_registry, tmp_path_factory):
-    """A LoRA run on the registered base (by alias), 2 FSDP2 workers, checkpoints in S3; one worker process
-    killed right after step 8 (checkpoints every 3 steps)."""
+    """A LoRA run on the registered base (by alias), 2 FSDP2 workers, checkpoints in S3 every 3 steps, one restart
+    allowed. A worker process is killed right after step 5: Ray Train restarts the group, which resumes from the step-3
+    checkpoint. It is killed again after step 8, with no restart left: the job fails. The same submission again
+    (as a RayJob's retry or a user would) continues from the step-6 checkpoint and registers the adapter."""
     name, _ = base_in_registry
-    cfg = make_train_config(*LORA, f"model.path=models:/{name}@base",
+    cfg = make_train_config(*LORA, f"model.path=models:/{name}@base", "checkpoint.max_failures=1",
                             storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
     marker = tmp_path_factory.mktemp("lora-fault") / "fired"
-    run = run_stage("train", cfg, env={"RAYLINE_FAULT_AT_STEP": "8", "RAYLINE_FAULT_MARKER": str(marker)})
-    assert run.returncode == 0 and run.result, str(run)
-    return cfg, run, marker
+    failed = run_stage("train", cfg, env={"RAYLINE_FAULT_AT_STEP": "5,8", "RAYLINE_FAULT_MARKER": str(marker)})
+    run_id = registry.find_run(cfg.mlflow.experiment, cfg.run_name)
+    between = {"status": registry.client().get_run(run_id).info.status if run_id else None,
+               "newest": newest_trainer_state(storage.join(cfg.checkpoint.storage_path, cfg.run_name))}
+    again = run_stage("train", cfg)
+    return cfg, failed, between, again, marker
 
 
 @pytest.mark.timeout(1800)
-def test_lora_run_resumes_after_a_lost_worker_and_registers_an_adapter_of_its_base(lora_run, base_in_registry,
-                                                                                   history, tiny_model_dir, tmp_path):
+def test_lora_run_resumes_after_lost_workers_and_when_submitted_again_and_registers_an_adapter_of_its_base(
+        lora_run, base_in_registry, history, tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    cfg, run, marker = lora_run
+    cfg, failed, between, run, marker = lora_run
+    run_uri = storage.join(cfg.checkpoint.storage_path, cfg.run_name)
+    # The first job: restarted once in-job from step 3, then failed with no restart left after step 8, its MLflow
+    # run FAILED and its newest checkpoint at step 6.
+    assert marker.read_text().splitlines() == ["killed rank 1 after step 5", "killed rank 1 after step 8"]
+    assert failed.returncode == 1 and failed.result is None, str(failed)
+    assert f"resumed from {run_uri.removeprefix('s3://')}/checkpoint_step000003 at step 3" in failed.stdout, str(failed)
+    assert between["status"] == "FAILED" and between["newest"] and between["newest"][1].step == 6, between
+    # The same submission again: the same MLflow run, continued from step 6 to the end.
+    assert run.returncode == 0 and run.result, str(run)
     result = run.result
     base_name, base_version = base_in_registry
-    assert marker.exists() and result["final_step"] == 12
-    run_id, run_uri = result["mlflow_run_id"], storage.join(cfg.checkpoint.storage_path, cfg.run_name)
-    # Resumed from the step-6 checkpoint in S3 with the adapter's Adam state.
+    assert result["final_step"] == 12
+    run_id = result["mlflow_run_id"]
+    assert run_id == registry.find_run(cfg.mlflow.experiment, cfg.run_name)
+    assert registry.client().get_run(run_id).info.status == "FINISHED"
     assert f"resumed from {run_uri.removeprefix('s3://')}/checkpoint_step000006 at step 6" in run.stdout, str(run)
-    saved = history.curve(run_id, "checkpoint/adam_m_sumsq")[6]
-    assert saved > 0 and history.curve(run_id, "resume/adam_m_sumsq")[6] == pytest.approx(saved, rel=1e-9)
-    history.assert_resumed(run_id, resumed_at=6, killed_after=8, total=12)
+    # Each resume restored the step, the adapter's Adam state and its step count as checkpointed.
+    assert history.values(run_id, "resume/step") == [(3, 3.0), (6, 6.0)]
+    assert history.values(run_id, "resume/adam_step") == [(3, 3.0), (6, 6.0)]
+    for step in (3, 6):
+        saved = history.curve(run_id, "checkpoint/adam_m_sumsq")[step]
+        assert saved > 0 and history.curve(run_id, "resume/adam_m_sumsq")[step] == pytest.approx(saved, rel=1e-9)
+    history.assert_resumed(run_id, [(3, 5), (6, 8)], total=12)
     # Its checkpoints hold the adapter only: 2 matrices per targeted projection per layer.
     layers = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.num_hidden_layers
     ckpt = storage.local_copy(result["checkpoint_uri"], tmp_path / "ckpt")
