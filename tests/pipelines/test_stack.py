@@ -1,6 +1,8 @@
 """The embedded stack on its own ports and state dir: up, up again, env, a real job, down."""
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,7 +31,7 @@ def _cli(cfg, *args):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
-def test_up_twice_env_job_down(mini_cfg, tmp_path):
+def test_up_twice_env_job_nodes_down(mini_cfg, tmp_path):
     overrides = [f"{k}={v}" for k, v in stack.to_dict(mini_cfg).items() if k != "state_dir"]
     first = _cli(mini_cfg, "up", *overrides)
     try:
@@ -78,10 +80,49 @@ def test_up_twice_env_job_down(mini_cfg, tmp_path):
         for port in (6399, 8285, 5020, 9290, 8195):
             addrs = [ln.split()[3] for ln in listening.splitlines() if ln.split()[3].endswith(f":{port}")]
             assert addrs and all("127.0.0.1" in a for a in addrs), (port, addrs)
+
+        # `up --nodes 2` on the running stack: two more raylets on this machine, labelled, placed on by label,
+        # scraped, stopped by `down`.
+        first = _cli(mini_cfg, "up", "node_cpus=1", "--nodes", "2")
+        assert first.returncode == 0, first.stderr + first.stdout
+        assert re.search(r"stack up \(([^)]*)\)", first.stdout).group(1) == "ray-worker-1, ray-worker-2", first.stdout
+        status = _cli(mini_cfg, "status")
+        assert status.returncode == 0 and "nodes    healthy" in status.stdout, status.stdout
+        env = {**os.environ, **stack.env_vars(stack.load_stack_config(mini_cfg.state_dir, []))}
+        out = subprocess.run([sys.executable, "-c", NODE_PLACEMENT], capture_output=True, text=True, env=env,
+                             cwd=ROOT, timeout=180)
+        assert out.returncode == 0, out.stderr[-3000:]
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got["nodes"] == [["127.0.0.1", "head", 2.0], ["127.0.0.1", "worker-1", 1.0], ["127.0.0.1", "worker-2", 1.0]]
+        assert got["ran_on"] == {"worker-1": "worker-1", "worker-2": "worker-2", "head": "head"}
+
+        # Each node's metrics agent is found through Ray's discovery file and scraped.
+        node_metrics = {f"http://127.0.0.1:{worker_node_ports(mini_cfg, i)['metrics_export']}/metrics" for i in (1, 2)}
+        deadline = time.time() + 60
+        while not node_metrics <= (up := {t["url"] for t in prometheus.targets("http://127.0.0.1:9290")
+                                          if t["job"] == "ray" and t["health"] == "up"}) and time.time() < deadline:
+            time.sleep(1)
+        assert node_metrics <= up, up
+
+        # No process of the stack listens beyond loopback, the worker nodes' included.
+        pids = stack._read_state(mini_cfg.state)["pids"].values()
+        members = {p for sid in pids for p in processes.session_members(sid)}
+        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+        ours = [ln.split()[3] for ln in listening if any(f"pid={p}," in ln for p in members)]
+        assert ours and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in ours), ours
+
+        # Stopping only the nodes returns once the head no longer counts them: the next job sizes itself from
+        # what the cluster reports (a data job planned for 4 CPUs on the 2-CPU head waited forever).
+        worker_pids = [p for n, p in stack._read_state(mini_cfg.state)["pids"].items() if n.startswith("ray-worker")]
+        assert sorted(stack.down(stack.load_stack_config(mini_cfg.state_dir, []), parts=["nodes"])) == [
+            "ray-worker-1", "ray-worker-2"]
+        assert not any(stack.pid_alive(p) for p in worker_pids)
+        assert set(stack.node_ids(mini_cfg)) == {"head"}
+        assert stack.status(stack.load_stack_config(mini_cfg.state_dir, []))["ray"]["healthy"]
     finally:
         pids = stack._read_state(mini_cfg.state)["pids"]
         down = _cli(mini_cfg, "down")
-    assert down.returncode == 0
+    assert down.returncode == 0 and "ray-head" in down.stdout
     assert pids and not any(stack.pid_alive(p) for p in pids.values())
     assert (mini_cfg.state / "mlflow" / "mlflow.db").exists()  # data kept
 
@@ -147,55 +188,6 @@ ran_on = {want: labels[ray.get(node.options(label_selector={"rayline.io/node": w
 print(json.dumps({"nodes": sorted((n["NodeManagerAddress"], n["Labels"].get("rayline.io/node"), n["Resources"]["CPU"])
                                   for n in ray.nodes() if n["Alive"]), "ran_on": ran_on}))
 """
-
-
-def test_worker_nodes_join_the_head_on_loopback(mini_cfg):
-    """`up --nodes 2`: two more raylets on this machine, labelled, placed on by label, scraped, stopped by `down`."""
-    import json
-
-    overrides = [f"{k}={v}" for k, v in stack.to_dict(mini_cfg).items() if k != "state_dir"]
-    first = _cli(mini_cfg, "up", *overrides, "node_cpus=1", "--nodes", "2")
-    try:
-        assert first.returncode == 0, first.stderr + first.stdout
-        assert "ray-worker-1" in first.stdout and "ray-worker-2" in first.stdout
-        status = _cli(mini_cfg, "status")
-        assert status.returncode == 0 and "nodes    healthy" in status.stdout, status.stdout
-        env = {**os.environ, **stack.env_vars(stack.load_stack_config(mini_cfg.state_dir, []))}
-        out = subprocess.run([sys.executable, "-c", NODE_PLACEMENT], capture_output=True, text=True, env=env,
-                             cwd=ROOT, timeout=180)
-        assert out.returncode == 0, out.stderr[-3000:]
-        got = json.loads(out.stdout.strip().splitlines()[-1])
-        assert got["nodes"] == [["127.0.0.1", "head", 2.0], ["127.0.0.1", "worker-1", 1.0], ["127.0.0.1", "worker-2", 1.0]]
-        assert got["ran_on"] == {"worker-1": "worker-1", "worker-2": "worker-2", "head": "head"}
-
-        # Each node's metrics agent is found through Ray's discovery file and scraped.
-        node_metrics = {f"http://127.0.0.1:{worker_node_ports(mini_cfg, i)['metrics_export']}/metrics" for i in (1, 2)}
-        deadline = time.time() + 60
-        while not node_metrics <= (up := {t["url"] for t in prometheus.targets("http://127.0.0.1:9290")
-                                          if t["job"] == "ray" and t["health"] == "up"}) and time.time() < deadline:
-            time.sleep(1)
-        assert node_metrics <= up, up
-
-        # No process of the stack listens beyond loopback, the worker nodes' included.
-        pids = stack._read_state(mini_cfg.state)["pids"].values()
-        members = {p for sid in pids for p in processes.session_members(sid)}
-        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
-        ours = [ln.split()[3] for ln in listening if any(f"pid={p}," in ln for p in members)]
-        assert ours and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in ours), ours
-
-        # Stopping only the nodes returns once the head no longer counts them: the next job sizes itself from
-        # what the cluster reports (a data job planned for 4 CPUs on the 2-CPU head waited forever).
-        worker_pids = [p for n, p in stack._read_state(mini_cfg.state)["pids"].items() if n.startswith("ray-worker")]
-        assert sorted(stack.down(stack.load_stack_config(mini_cfg.state_dir, []), parts=["nodes"])) == [
-            "ray-worker-1", "ray-worker-2"]
-        assert not any(stack.pid_alive(p) for p in worker_pids)
-        assert set(stack.node_ids(mini_cfg)) == {"head"}
-        assert stack.status(stack.load_stack_config(mini_cfg.state_dir, []))["ray"]["healthy"]
-    finally:
-        pids = stack._read_state(mini_cfg.state)["pids"]
-        down = _cli(mini_cfg, "down")
-    assert down.returncode == 0 and "ray-head" in down.stdout
-    assert not any(stack.pid_alive(p) for p in pids.values())
 
 
 @pytest.mark.parametrize("overrides, field", [({"nodes": -1}, "nodes"), ({"node_cpus": 0}, "node_cpus"),
