@@ -7,10 +7,12 @@ A canary rollout (serve/canary.py) deploys the challenger as an app of its own b
 
 `CanarySplit`, an ASGI middleware in front of vLLM's OpenAI routes on every champion replica, then:
   split   sends `share` of the completion requests to the challenger (HTTP, streamed through as it comes) and answers
-          the rest itself. A request's `user` (or the `sticky_header`, when configured) picks its side by a hash, so a
-          conversation stays on one version at a given share, and moves only one way as the share grows; requests
-          without one are drawn at random. A challenger that cannot be reached, or answers 5xx before its first
-          byte (or 404: its app is gone), is counted against it and the request is answered by the champion: clients never see it fail.
+          the rest itself. A request's `sticky_header` (when configured and sent), else its `user`, else its chat's
+          opening (leading system messages and the first user message, which every later turn repeats) picks its
+          side by a hash, so a conversation stays on one version at a given share, and moves only one way as the
+          share grows; completions without `user` are drawn at random. A challenger that cannot be reached, or
+          answers 5xx before its first byte (or 404: its app is gone), is counted against it and the request is
+          answered by the champion: clients never see it fail.
   shadow  answers every request itself and sends a copy of `share` of them to the challenger, whose answer is
           read, measured and dropped: clients never get a challenger answer.
 The header `x-rayline-canary: champion|challenger` forces a side (the rollout's quality probe); such requests are
@@ -56,7 +58,7 @@ class Event:
 
 
 def side_of(key: str | None, share: float) -> str:
-    """The side a request with this sticky key goes to at `share` (a key's point in [0, 1) is fixed, so raising the
+    """The side a request with this sticky key (_sticky_key) goes to at `share` (a key's point in [0, 1) is fixed, so raising the
     share only ever moves keys from champion to challenger); without a key, a random draw."""
     if share <= 0:
         return CHAMPION
@@ -263,13 +265,35 @@ class CanarySplit:
 
 
 def _sticky_key(body: bytes, headers: dict[str, str], sticky_header: str) -> str | None:
-    if sticky_header:
-        return headers.get(sticky_header.lower()) or None
+    """What keeps a request's side: the `sticky_header` value when configured and sent, else the body's `user`, else
+    its conversation (a chat's opening: its leading system messages and its first user message, which every later
+    turn of the same chat repeats). None (a random draw) for a completion without `user`, or a body that is not JSON."""
+    if sticky_header and headers.get(sticky_header.lower()):
+        return headers[sticky_header.lower()]
     try:
-        user = json.loads(body).get("user")
-    except (ValueError, AttributeError):
+        request = json.loads(body)
+    except ValueError:
         return None
-    return str(user) if user else None
+    if not isinstance(request, dict):
+        return None
+    if request.get("user"):
+        return str(request["user"])
+    return conversation_key(request.get("messages"))
+
+
+def conversation_key(messages) -> str | None:
+    """A chat's identity without a `user`: its messages up to and including the first user message, hashed."""
+    if not isinstance(messages, list):
+        return None
+    opening = []
+    for m in messages:
+        if not isinstance(m, dict):
+            return None
+        opening.append([m.get("role"), m.get("content")])
+        if m.get("role") == "user":
+            digest = hashlib.sha256(json.dumps(opening, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+            return f"conversation:{digest[:32]}"
+    return None
 
 
 async def _read_body(receive) -> bytes:

@@ -42,7 +42,8 @@ class CanaryConfig:
     mode: Literal["split", "shadow"] = "split"
     """split: the challenger answers its share; shadow: it answers copies, and clients only ever get the champion's."""
     sticky_header: str = ""
-    """Request header whose value keeps a client on one version; "" = the request body's `user`."""
+    """Request header whose value keeps a client on one version. Without it (or "" here): the body's `user`, else the
+    chat's opening messages, so a conversation stays on one version either way."""
     route_prefix: str = ""
     """Route of the challenger's own Serve app; "" = <the serving config's route_prefix>/-challenger."""
     min_requests: int = 5

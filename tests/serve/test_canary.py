@@ -52,7 +52,8 @@ CANARY = {"steps": [0.25, 0.5], "step_s": 12, "metrics": "prometheus", "metrics_
 
 class UserLoad(LoadThreads):
     """Loopback clients sending chat completions as random users of a pool; every answer kept with its user, start
-    time and the version that answered (`system_fingerprint`). Bounded in time."""
+    time and the version that answered (`system_fingerprint`). The first client instead holds two-turn chats without
+    a `user` (each its own conversation, kept on one version by its opening). Bounded in time."""
 
     def __init__(self, base_url: str, clients: int = 3, users: int = 200, limit_s: float = 900):
         super().__init__(clients, self._run)
@@ -61,18 +62,32 @@ class UserLoad(LoadThreads):
         self.answers: list[tuple[float, str, str | None]] = []
         self.errors: list[str] = []
 
+    def _ask(self, key: str, messages: list[dict], user: str | None) -> str | None:
+        """One request; its answer's text (None on failure, counted), the answer kept under `key`."""
+        t = time.time()
+        try:
+            r = self.client.chat.completions.create(model="rayline", messages=messages, max_tokens=6, temperature=0.0,
+                                                    **({"user": user} if user else {}))
+            self.answers.append((t, key, r.system_fingerprint))
+            return r.choices[0].message.content or ""
+        except Exception as e:  # every failure counts; the tests assert there are none
+            self.errors.append(f"{time.time() - t:.1f}s {type(e).__name__}: {e}")
+            time.sleep(0.5)
+            return None
+
     def _run(self, i: int) -> None:
         rng = random.Random(i)
         while not self.stop.is_set() and time.time() < self.stop_at:
-            user, t = f"user-{rng.randrange(self.users)}", time.time()
-            try:
-                r = self.client.chat.completions.create(
-                    model="rayline", messages=[{"role": "user", "content": rng.choice(PROMPTS)}], max_tokens=6,
-                    temperature=0.0, user=user)
-                self.answers.append((t, user, r.system_fingerprint))
-            except Exception as e:  # every failure counts; the tests assert there are none
-                self.errors.append(f"{time.time() - t:.1f}s {type(e).__name__}: {e}")
-                time.sleep(0.5)
+            if i == 0:
+                key = f"chat-{rng.randrange(10**9)}"
+                messages = [{"role": "user", "content": f"What is {rng.randrange(100)} + {rng.randrange(100)}?"}]
+                answer = self._ask(key, messages, None)
+                if answer is not None:
+                    self._ask(key, messages + [{"role": "assistant", "content": answer},
+                                               {"role": "user", "content": "And twice that?"}], None)
+            else:
+                user = f"user-{rng.randrange(self.users)}"
+                self._ask(user, [{"role": "user", "content": rng.choice(PROMPTS)}], user)
             time.sleep(0.05)
 
     def between(self, start: float, end: float) -> list[tuple[str, str | None]]:
@@ -185,11 +200,14 @@ def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(s
         sent = len(load.between(start, end))
         assert end - start >= 5 and 0.75 * sent <= ch + cp <= 1.25 * sent, (sent, s)
         assert s["probe"] == {"champion": 1.0, "challenger": 1.0}
-    for s in steps:  # the replicas took the share before the step began
+    chat_sides = set()
+    for s in steps:  # the replicas took the share before the step began; users, and chats without one, are sticky
         by_user = defaultdict(set)
         for user, fp in load.between(s["started_at"] + 0.5, s["started_at"] + s["window_s"] - 0.5):
             by_user[user].add(fp)
         assert by_user and all(len(fps) == 1 for fps in by_user.values()), dict(by_user)
+        chat_sides |= {fp for k, fps in by_user.items() if k.startswith("chat-") and len(fps) == 1 for fp in fps}
+    assert chat_sides == {v1, v2}  # chats without a `user` were split too, not all kept on the champion
     seen = Counter(fp for _, _, fp in load.answers)
     assert set(seen) == {v1, v2}
     assert served_by(setup["base_url"]) == v2

@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.config import ConfigError, from_dict
 from serve.canary import judge, load_probe, with_canary
-from serve.canary_split import CHALLENGER, CHAMPION, CanaryState, Event, side_of, summarize
+from serve.canary_split import CHALLENGER, CHAMPION, CanaryState, Event, _sticky_key, side_of, summarize
 from serve.rollout_config import CanaryConfig
 
 
@@ -24,6 +24,31 @@ def test_a_user_keeps_its_side_and_only_moves_to_the_challenger_as_the_share_gro
     assert side_of("user-1", 0.0) == CHAMPION and side_of(None, 0.0) == CHAMPION
     drawn = [side_of(None, 0.3) for _ in range(4000)]  # no user: drawn at random, at the share
     assert abs(drawn.count(CHALLENGER) / len(drawn) - 0.3) < 0.04
+
+
+def test_a_chat_without_a_user_is_kept_on_one_side_by_its_opening():
+    system = {"role": "system", "content": "Answer briefly."}
+
+    def key(messages, headers=None, sticky_header="", **body):
+        return _sticky_key(json.dumps({"model": "rayline", "messages": messages, **body}).encode(), headers or {},
+                           sticky_header)
+
+    first = [system, {"role": "user", "content": "What is 3 + 4?"}]
+    later = first + [{"role": "assistant", "content": "7"}, {"role": "user", "content": "And twice that?"}]
+    assert key(first) == key(later) and key(first).startswith("conversation:")  # every turn of one chat
+    assert key([{"role": "user", "content": "What is 3 + 5?"}]) != key([{"role": "user", "content": "What is 3 + 4?"}])
+    assert key(first) != key(first[1:])  # another system prompt: another conversation
+    # A `user` comes before the conversation, a configured header that was sent before both.
+    assert key(later, user="u-1") == "u-1" == key(first, user="u-1")
+    assert key(first, {"x-session": "s-9"}, "X-Session", user="u-1") == "s-9"
+    assert key(first, {}, "X-Session", user="u-1") == "u-1"
+    # Nothing to keep: a completion without `user`, a chat with no user message yet, a body that is not a JSON object.
+    assert _sticky_key(json.dumps({"prompt": "hi"}).encode(), {}, "") is None
+    assert key([system]) is None
+    assert _sticky_key(b"not json", {}, "") is None and _sticky_key(b"[1]", {}, "") is None
+    # Many chats split at the share, each to one side.
+    chats = [key([{"role": "user", "content": f"What is {a} + {b}?"}]) for a in range(50) for b in range(40)]
+    assert abs(sum(side_of(c, 0.25) == CHALLENGER for c in chats) / len(chats) - 0.25) < 0.03
 
 
 def test_summarize_counts_each_side_and_takes_latencies_of_answered_requests_only():
