@@ -58,7 +58,7 @@ class Event:
 
 
 def side_of(key: str | None, share: float) -> str:
-    """The side a request with this sticky key (_sticky_key) goes to at `share` (a key's point in [0, 1) is fixed, so raising the
+    """The side a request with this sticky key goes to at `share` (a key's point in [0, 1) is fixed, so raising the
     share only ever moves keys from champion to challenger); without a key, a random draw."""
     if share <= 0:
         return CHAMPION
@@ -268,8 +268,8 @@ def _sticky_key(body: bytes, headers: dict[str, str], sticky_header: str) -> str
     """What keeps a request's side: the `sticky_header` value when configured and sent, else the body's `user`, else
     its conversation (a chat's opening: its leading system messages and its first user message, which every later
     turn of the same chat repeats). None (a random draw) for a completion without `user`, or a body that is not JSON."""
-    if sticky_header and headers.get(sticky_header.lower()):
-        return headers[sticky_header.lower()]
+    if sticky_header and (value := headers.get(sticky_header.lower())):
+        return value
     try:
         request = json.loads(body)
     except ValueError:
