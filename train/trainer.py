@@ -54,8 +54,17 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+HEALTH_CHECK_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+HEALTH_CHECK_INTERVAL_S = "0.25"
+"""How often Ray Train's controller polls its workers. Ray's default (2 s) also paces how fast the controller takes
+the workers' reports: one per poll, so a run that reported 4 checkpoints in its last seconds ended ~6 s after its
+last step (a 12-step run on the tiny model: fit() returned 5.8 s after the last report, 0.6 s at 0.25 s). A poll
+is one actor call per worker. A value in the environment wins."""
+
+
 def connect_ray() -> None:
-    """Join the cluster and pin RAY_ADDRESS (the GCS address) for every process of this job.
+    """Join the cluster and pin, for every process of this job, RAY_ADDRESS (the GCS address) and Ray Train's
+    controller poll interval (HEALTH_CHECK_INTERVAL_S).
 
     Ray Train's detached placement-group cleaner finds its cluster through the state API, which on a
     machine running several Ray clusters picks the newest one unless RAY_ADDRESS says otherwise; the
@@ -63,7 +72,10 @@ def connect_ray() -> None:
     wait for it forever. Under the Jobs API, RAY_ADDRESS is already the cluster's GCS address.
     """
     gcs = ray_address()
-    init_ray(runtime_env={"env_vars": {"RAY_ADDRESS": gcs}} if gcs else None)
+    env = {HEALTH_CHECK_INTERVAL_ENV: os.environ.get(HEALTH_CHECK_INTERVAL_ENV, HEALTH_CHECK_INTERVAL_S)}
+    if gcs:
+        env["RAY_ADDRESS"] = gcs
+    init_ray(runtime_env={"env_vars": env})
 
 
 def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, callbacks: list | None = None):
