@@ -165,7 +165,9 @@ class OperatorStandIn:
             names = {a["name"] for a in ours}
             others = [a["deployed_app_config"] for n, a in apps.items()
                       if a.get("deployed_app_config") and n not in self.owned and n not in names]
-            self.serve._call("PUT", {"http_options": details.get("http_options") or {}, "applications": others + ours})
+            # As KubeRay's operator, the RayService's own http_options (when it has them) go with its apps.
+            http = config.get("http_options") or details.get("http_options") or {}
+            self.serve._call("PUT", {"http_options": http, "applications": others + ours})
             self.changed = {a["name"] for a in ours if self.configs.get(a["name"]) != a}
             self.owned, self.applied = names, (generation, time.time())
             self.configs = {a["name"]: a for a in ours}

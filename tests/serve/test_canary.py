@@ -4,15 +4,17 @@ challenger promoted or rolled back (real Serve, vLLM on CPU, MLflow server, open
 One champion app of two replicas for the module (v1), each step judged on both from the stack's Prometheus. The
 quality probe's known answers are v1's own greedy answers, so a copy of v1's weights (v2) matches them and a model
 of other weights (v3) does not. In order:
+  the module's first rollout (v1, no canary) with `target: kubernetes`: written into a RayService through the API
+      server and operator stand-ins (tests/serve/kube_api.py), which apply it to the real Serve;
   `challenger` added to v2 in the MLflow UI (headless Chromium) wakes `pipelines.rollout --watch` through MLflow's
       webhook: a split canary of 2 steps under load from clients with a `user` each: zero failed requests, each user
       answered by one version within a step, the challenger's share within a few points, v2 becomes champion;
   shadow canary of v3 (answers wrong on the probe) with `target: kubernetes` (a RayService through the API server
       and operator stand-ins, tests/serve/kube_api.py): no client ever gets a challenger answer, the challenger
       answered copies, rolled back after its step, the champion answering throughout, the reason on the run and
-      the version, `challenger` removed;
-  a plain rollout (no canary) with `target: kubernetes` through the same stand-ins: v1 champion again, no failed
-      request.
+      the version, `challenger` removed.
+A champion replaced under load with no failed request is asserted by the canary's promotion (here) and by
+tests/serve/test_rollout.py; the Serve rolling update beneath is the same for either target.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import random
 import threading
 import time
 from collections import Counter, defaultdict
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -117,9 +120,14 @@ def setup(local_stack, tiny_model_dir, tmp_path_factory):
 
     probe = tmp / "probe.jsonl"
     probe.write_text("")
-    first = rollout().once("test:setup")
-    assert first.status == DEPLOYED and first.version == "1", first.line()
     base_url = f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}/v1"
+    # The first rollout goes through a RayService that does not hold the app yet (as on a cluster whose RayService
+    # carries other apps); test_the_first_rollout_on_kubernetes_went_through_the_rayservice reads what it did.
+    api, operator, first_rollout = on_kubernetes(rollout, base_url, app=None)
+    with operator:
+        first = first_rollout.once("test:setup")
+    assert operator.errors == [], operator.errors
+    assert first.status == DEPLOYED and first.version == "1", first.line()
     client = openai_client(base_url)
     with probe.open("w") as f:  # known answers: the champion's own greedy ones
         for p in PROMPTS:
@@ -128,7 +136,7 @@ def setup(local_stack, tiny_model_dir, tmp_path_factory):
                                                     temperature=0.0).choices[0].message.content
             f.write(json.dumps({"messages": messages + [{"role": "assistant", "content": answer}]}) + "\n")
     try:
-        yield {"rollout": rollout, "base_url": base_url}
+        yield {"rollout": rollout, "base_url": base_url, "first": first, "first_writes": list(api.writes)}
     finally:
         LocalServe(APP).delete()
         LocalServe(f"{APP}-challenger").delete()
@@ -142,6 +150,42 @@ def canary_steps(run_id: str) -> list[dict]:
 def served_by(base_url: str) -> str:
     return openai_client(base_url).chat.completions.create(
         model="rayline", messages=[{"role": "user", "content": "ping"}], max_tokens=2).system_fingerprint
+
+
+def on_kubernetes(rollout, base_url: str, app: str | None = APP, **canary):
+    """A RayService holding the module's app as it runs now (`app`; None: without it), the API server stand-in
+    (every write validated against the CRD), the operator stand-in that applies it to the real Serve, and a rollout
+    (made by `rollout`, the setup's factory) with `target: kubernetes` on it."""
+    from serve.deploy_target import KubeRayService
+    from tests.serve.kube_api import KubeApiStandIn, OperatorStandIn
+
+    obj = next(d for d in yaml.safe_load_all(open("rayjobs/serve-gpu.yaml")) if d)
+    obj["metadata"].update(name="rayline-canary", namespace="rayline")
+    # The stack's Serve HTTP options, as a RayService's serveConfigV2 carries its cluster's: the operator sends them
+    # with the apps, and Serve, started by the first of its PUTs, keeps them.
+    http = {"host": "127.0.0.1", "port": urlparse(base_url).port}
+    obj["spec"]["serveConfigV2"] = yaml.safe_dump({"http_options": http,
+                                                   "applications": [LocalServe(app).current()] if app else []})
+    api = KubeApiStandIn(obj)
+    target = rollout(KubeRayService(APP, "rayline-canary", "rayline", api=api),
+                     {"target": "kubernetes", "kubernetes": {"name": "rayline-canary", "namespace": "rayline",
+                                                             "serve_url": base_url}}, **canary)
+    return api, OperatorStandIn(api, "rayline", "rayline-canary", LocalServe(APP)), target
+
+
+def test_the_first_rollout_on_kubernetes_went_through_the_rayservice(setup):
+    """The module's first rollout (no canary, `target: kubernetes`): the RayService's serveConfigV2 patched once, at
+    the resourceVersion read, with the app pinned to v1; the operator stand-in applied it and v1 answers."""
+    first = setup["first"]
+    assert (first.previous_version, first.version) == (None, "1"), first.line()
+    (write,) = setup["first_writes"]  # one patch, carrying the resourceVersion it was computed from
+    assert write["metadata"]["resourceVersion"]
+    (app,) = yaml.safe_load(write["spec"]["serveConfigV2"])["applications"]
+    assert app["name"] == APP and app["args"]["model"]["version"] == "1"
+    run = registry.client().get_run(first.run_id)
+    assert run.data.tags["rollout.target"] == f"RayService rayline/rayline-canary (app {APP!r})"
+    assert run.data.tags["rollout.status"] == "deployed"
+    assert served_by(setup["base_url"]) == f"{MODEL}/1"
 
 
 def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(setup, tmp_path, local_stack):
@@ -230,27 +274,11 @@ def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(s
             time.sleep(2)
 
 
-def on_kubernetes(setup, **canary):
-    """A RayService holding the module's app (the API server stand-in, every write validated against the CRD), the
-    operator stand-in that applies it to the real Serve, and a rollout with `target: kubernetes` on it."""
-    from serve.deploy_target import KubeRayService
-    from tests.serve.kube_api import KubeApiStandIn, OperatorStandIn
-
-    obj = next(d for d in yaml.safe_load_all(open("rayjobs/serve-gpu.yaml")) if d)
-    obj["metadata"].update(name="rayline-canary", namespace="rayline")
-    obj["spec"]["serveConfigV2"] = yaml.safe_dump({"applications": [LocalServe(APP).current()]})
-    api = KubeApiStandIn(obj)
-    rollout = setup["rollout"](KubeRayService(APP, "rayline-canary", "rayline", api=api),
-                               {"target": "kubernetes", "kubernetes": {"name": "rayline-canary", "namespace": "rayline",
-                                                                       "serve_url": setup["base_url"]}}, **canary)
-    return api, OperatorStandIn(api, "rayline", "rayline-canary", LocalServe(APP)), rollout
-
-
 def test_shadow_canary_on_kubernetes_never_returns_a_challenger_answer(setup):
     """The same canary with `target: kubernetes`: the challenger app and the split are written to a RayService's
     serveConfigV2, which the operator stand-in applies to the real Serve as KubeRay's operator does."""
     v2 = f"{MODEL}/2"
-    api, operator, rollout = on_kubernetes(setup, mode="shadow", steps=[1.0])
+    api, operator, rollout = on_kubernetes(setup["rollout"], setup["base_url"], mode="shadow", steps=[1.0])
     with operator, UserLoad(setup["base_url"], clients=2) as load:
         registry.set_alias(MODEL, "challenger", "3")
         result = rollout.once("test:shadow")
@@ -277,24 +305,3 @@ def test_shadow_canary_on_kubernetes_never_returns_a_challenger_answer(setup):
     assert [(s["share"], s["mode"]) for s in splits if s] == [(1.0, "shadow")] and splits[-1] is None, splits
     assert [a["name"] for a in configs[-1]["applications"]] == [APP]
     assert LocalServe(f"{APP}-challenger").current() is None
-
-
-def test_a_one_shot_rollout_on_kubernetes_goes_through_the_rayservice(setup):
-    """The plain rollout (no canary) with `target: kubernetes`: the champion alias moves to v1, the RayService's
-    serveConfigV2 is patched at the resourceVersion read, the operator stand-in applies it, v1 answers; no request
-    fails on the way."""
-    api, operator, rollout = on_kubernetes(setup, steps=[])
-    with operator, UserLoad(setup["base_url"], clients=2) as load:
-        registry.set_alias(MODEL, "champion", "1")
-        result = rollout.once("test:kubernetes")
-        time.sleep(2)
-    assert operator.errors == []
-    assert result.status == DEPLOYED and (result.previous_version, result.version) == ("2", "1"), result.line()
-    assert load.errors == [], load.errors[:5]
-    assert served_by(setup["base_url"]) == f"{MODEL}/1"
-    (write,) = api.writes  # one patch, carrying the resourceVersion it was computed from
-    assert write["metadata"]["resourceVersion"]
-    (app,) = yaml.safe_load(write["spec"]["serveConfigV2"])["applications"]
-    assert app["name"] == APP and app["args"]["model"]["version"] == "1"
-    run = registry.client().get_run(result.run_id)
-    assert run.data.tags["rollout.target"] == f"RayService rayline/rayline-canary (app {APP!r})"
