@@ -1,7 +1,7 @@
 """The main job on the embedded local stack: `make demo` runs `python -m pipelines.demo`.
 
-stack up -> sample corpus + pretrained tiny base model -> prepare data -> small Tune search -> train the best
-configuration -> register -> train a LoRA adapter of the base -> one batch eval job: base, adapter and
+stack up -> sample corpus + tiny base model (pretrained beside the data stage) -> prepare data -> small Tune search
+-> train the best configuration -> register -> train a LoRA adapter of the base -> one batch eval job: base, adapter and
 fine-tuned side by side -> promote (the MLflow UI's REST call) -> rollout to the Serve app -> an OpenAI chat
 request answered by the promoted version -> promote the adapter, serve it beside its base, ask it -> summary.
 
@@ -13,7 +13,6 @@ same joints a user does. Stage logs go to `<work_dir>/logs/<stage>.log`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -106,32 +105,65 @@ def step(title: str) -> float:
     return time.time()
 
 
-def prepare_inputs(cfg: DemoConfig) -> dict[str, Path]:
-    """The sample corpus and the tiny base model (built once; both deterministic from the seed)."""
+def write_corpus_once(cfg: DemoConfig) -> Path:
+    """The sample corpus (written once; deterministic from the seed)."""
     from pipelines.sample_corpus import write_corpus
-    from pipelines.tiny_model import build_tiny_model
 
-    work = Path(cfg.work_dir).resolve()
-    corpus = work / "corpus"
+    corpus = Path(cfg.work_dir).resolve() / "corpus"
     if not (corpus / "eval.jsonl").exists():
         write_corpus(corpus, seed=cfg.seed, n_train=cfg.n_train, n_eval=cfg.n_eval)
-    base = work / "base-model"
-    if not (base / "model.safetensors").exists():
-        # Built aside and moved in once pretrained: an interrupted build leaves no half-made base behind.
+    return corpus
+
+
+class BaseModel:
+    """The tiny base model (deterministic from the seed), built once: made and its tokenizer saved at once, then
+    pretrained on plain text without the eval questions (~100 s on 2 cores) by `python -m pipelines.tiny_pretrain` in
+    a process of its own, while the data stage, which needs only the tokenizer, runs. Built aside and moved in once
+    pretrained: an interrupted build leaves no half-made base behind. `wait()` gives the pretrained base."""
+
+    def __init__(self, cfg: DemoConfig, corpus: Path, logs: Path):
+        work = Path(cfg.work_dir).resolve()
+        self.path, self.building, self.proc = work / "base-model", work / "base-model.building", None
+        self.log = logs / "pretrain.log"
+        if (self.path / "model.safetensors").exists():
+            self.tokenizer = self.path
+            return
         import shutil
+        import subprocess
 
-        from pipelines.sample_corpus import plain_text
-        from pipelines.tiny_pretrain import pretrain
+        from transformers import AutoTokenizer
 
-        building = work / "base-model.building"
-        shutil.rmtree(building, ignore_errors=True)
-        build_tiny_model(building, "tiny", seed=cfg.seed)
-        eval_questions = {json.loads(ln)["messages"][-2]["content"] for ln in (corpus / "eval.jsonl").read_text().splitlines()}
-        facts = pretrain(building, building, plain_text(20000, cfg.seed + 2, exclude=eval_questions),
-                         steps=cfg.pretrain_steps, seed=cfg.seed)
-        print(f"    pretrained the tiny base on plain text: {facts}")
-        building.rename(base)
-    return {"corpus": corpus, "base_model": base}
+        from pipelines.tiny_model import build_tiny_model
+
+        shutil.rmtree(self.building, ignore_errors=True)
+        build_tiny_model(self.building, "tiny", seed=cfg.seed)
+        self.tokenizer = work / "tokenizer"
+        AutoTokenizer.from_pretrained(self.building).save_pretrained(self.tokenizer)
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pipelines.tiny_pretrain", "--model", str(self.building), "--out",
+                 str(self.building), "--steps", str(cfg.pretrain_steps), "--records", "20000", "--seed",
+                 str(cfg.seed + 2), "--train-seed", str(cfg.seed), "--leave-out", str(corpus / "eval.jsonl")],
+                stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
+        print(f"    pretraining the tiny base ({cfg.pretrain_steps} steps) beside the data stage; log: {self.log}")
+
+    def wait(self) -> Path:
+        if self.proc is not None:
+            if self.proc.wait() != 0:
+                tail = "\n".join(self.log.read_text().splitlines()[-25:])
+                raise StageFailed(f"pretraining the base failed (exit {self.proc.returncode}); log: {self.log}\n{tail}")
+            facts = [ln for ln in self.log.read_text().splitlines() if ln.startswith("pretrained ")]
+            print(f"    pretrained the tiny base on plain text: {facts[-1].split(': ', 1)[-1] if facts else '?'}")
+            self.building.rename(self.path)
+            self.proc = None
+        return self.path
+
+    def stop(self) -> None:
+        """End a pretraining still running (the demo stopped before it needed the base)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def register_base_model(base: Path) -> str:
@@ -155,16 +187,18 @@ def main(cfg: DemoConfig) -> DemoResult:
     logs = work / "logs"
 
     step("sample corpus + tiny base model")
-    inputs = prepare_inputs(cfg)
-    base_version = register_base_model(inputs["base_model"])
+    corpus = write_corpus_once(cfg)
+    base = BaseModel(cfg, corpus, logs)
+    try:
+        step("prepare data (Ray Data)")
+        job = run_stage("data", "configs/data/sample.yaml", [
+            f"inputs=[{corpus / 'train.jsonl'},{corpus / 'malformed.jsonl'}]", f"eval_inputs=[{corpus / 'eval.jsonl'}]",
+            f"output_uri={work / 'prepared'}", f"tokenizer={base.tokenizer}"], logs)
+        base_version = register_base_model(base.wait())
+    finally:
+        base.stop()
     base_ref = f"models:/{BASE_MODEL_NAME}/{base_version}"
     print(f"    base model registered: {base_ref} (alias @base)")
-    corpus = inputs["corpus"]
-
-    step("prepare data (Ray Data)")
-    job = run_stage("data", "configs/data/sample.yaml", [
-        f"inputs=[{corpus / 'train.jsonl'},{corpus / 'malformed.jsonl'}]", f"eval_inputs=[{corpus / 'eval.jsonl'}]",
-        f"output_uri={work / 'prepared'}", f"tokenizer={inputs['base_model']}"], logs)
     data_run = data_run_of_job(job, logs / "data.log")
     dataset_version = data_run.data.tags[registry.TAG_DATASET_VERSION]
     manifest = data_run.data.tags[registry.TAG_DATASET_MANIFEST]

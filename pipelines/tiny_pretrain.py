@@ -7,7 +7,8 @@ adapter can produce is ~2.5 above the rest, so its loss cannot go below ~3.7 on 
 sentences like "What is 3 + 4? 7" (no chat template, the eval questions left out), the base knows the facts but not
 the chat format; a full fine-tune or an adapter then teaches it to answer in chat.
 
-`python -m pipelines.tiny_pretrain --model DIR --out DIR [--steps 600]` pretrains a model from pipelines.tiny_model.
+`python -m pipelines.tiny_pretrain --model DIR --out DIR [--steps 600] [--leave-out EVAL.jsonl]` pretrains a model from
+pipelines.tiny_model (the demo runs it so, beside its data stage).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def pretrain(model_dir: str | Path, out: str | Path, texts: list[str], steps: in
     return facts
 
 
+def questions_of(chat_jsonl: str | Path) -> set[str]:
+    """The user questions of a chat JSONL file (the sample corpus's eval split): the text pretraining leaves out."""
+    return {json.loads(line)["messages"][-2]["content"] for line in Path(chat_jsonl).read_text().splitlines() if line}
+
+
 def main(argv: list[str] | None = None) -> dict:
     from pipelines.sample_corpus import plain_text
 
@@ -72,10 +78,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--records", type=int, default=20000)
-    p.add_argument("--seed", type=int, default=2)
+    p.add_argument("--seed", type=int, default=2, help="of the plain text")
+    p.add_argument("--train-seed", type=int, default=0, help="of the weights' updates (batches drawn)")
+    p.add_argument("--leave-out", default=None, help="a chat JSONL file whose questions the text must not hold")
     args = p.parse_args(argv)
-    facts = pretrain(args.model, args.out, plain_text(args.records, args.seed), steps=args.steps)
-    print(f"pretrained {args.out}: {facts}")
+    texts = plain_text(args.records, args.seed, exclude=questions_of(args.leave_out) if args.leave_out else None)
+    facts = pretrain(args.model, args.out, texts, steps=args.steps, seed=args.train_seed)
+    print(f"pretrained {args.out}: {json.dumps(facts)}")
     return facts
 
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pipelines.sample_corpus import make_records, plain_text
-from pipelines.tiny_pretrain import pretrain
+from pipelines.tiny_pretrain import main, pretrain, questions_of
 
 
 def test_plain_text_is_question_and_answer_without_the_left_out_questions():
@@ -27,6 +27,18 @@ def test_pretraining_lowers_the_loss_and_writes_a_loadable_model(tiny_model_dir,
     assert info["pretrained"] == facts and info["size"] == "tiny"  # the kit's own facts stay
     before, after = (AutoModelForCausalLM.from_pretrained(d) for d in (tiny_model_dir, tmp_path))
     assert not torch.equal(before.model.embed_tokens.weight, after.model.embed_tokens.weight)
+
+
+def test_the_cli_pretrains_without_the_questions_of_a_chat_file(tiny_model_dir, sample_corpus_dir, tmp_path):
+    """What the demo runs beside its data stage: `python -m pipelines.tiny_pretrain ... --leave-out eval.jsonl`."""
+    eval_file = sample_corpus_dir / "eval.jsonl"
+    left_out = questions_of(eval_file)
+    assert left_out == {r["messages"][-2]["content"] for r in map(json.loads, eval_file.read_text().splitlines())}
+    assert len(left_out) > 50
+    facts = main(["--model", str(tiny_model_dir), "--out", str(tmp_path), "--steps", "2", "--records", "300",
+                  "--leave-out", str(eval_file)])
+    assert facts["steps"] == 2 and facts["texts"] == 300, facts
+    assert json.loads((tmp_path / "rayline_model.json").read_text())["pretrained"] == facts
 
 
 @pytest.mark.parametrize("kwargs, message", [
