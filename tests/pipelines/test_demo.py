@@ -9,6 +9,7 @@ the promoted version.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,11 @@ def test_lineage_joins_dataset_run_model_version_and_deployment(demo):
     data_run = client.get_run(result.data_run_id)
     assert data_run.data.tags[registry.TAG_DATASET_VERSION] == result.dataset_version
     assert result.counts["rejected"] > 0 and result.counts["written_examples"] > 0  # the malformed file was read
+    # The data job's log, streamed by `pipelines.submit` into the demo's file while a log grew in the checkout, holds
+    # the job's own output to its last lines: the summary table and the manifest it wrote.
+    data_log = (Path(cfg.work_dir) / "logs" / "data.log").read_text()
+    assert f"{'rejected':>16}  {result.counts['rejected']:,}" in data_log, data_log[-3000:]
+    assert f"manifest: {result.manifest_uri}" in data_log, data_log[-3000:]
 
     mv = registry.get_version(f"models:/{cfg.model_name}/{result.model_version}")
     assert mv.run_id == result.train_run_id
