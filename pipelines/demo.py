@@ -124,9 +124,10 @@ class BaseModel:
     def __init__(self, cfg: DemoConfig, corpus: Path, logs: Path):
         work = Path(cfg.work_dir).resolve()
         self.path, self.building, self.proc = work / "base-model", work / "base-model.building", None
-        self.log = logs / "pretrain.log"
+        self.log, self.tokenizer = logs / "pretrain.log", work / "tokenizer"
         if (self.path / "model.safetensors").exists():
-            self.tokenizer = self.path
+            if not self.tokenizer.exists():  # a base built before the tokenizer was saved apart
+                self.tokenizer = self.path
             return
         import shutil
         import subprocess
@@ -137,7 +138,6 @@ class BaseModel:
 
         shutil.rmtree(self.building, ignore_errors=True)
         build_tiny_model(self.building, "tiny", seed=cfg.seed)
-        self.tokenizer = work / "tokenizer"
         AutoTokenizer.from_pretrained(self.building).save_pretrained(self.tokenizer)
         logs.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as out:
