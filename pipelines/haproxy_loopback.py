@@ -10,7 +10,11 @@ same pid, every other argument as given), with:
 - the stats page and the exporter left out (Ray's manager reads HAProxy over its admin socket, not these);
 - any other bind on every interface moved to 127.0.0.1;
 - a bind on port 0 (an autoscaled node's proxy: `RAY_SERVE_WORKER_PROXY_HTTP_PORT=0`, a port of its own; HAProxy
-  refuses 0) given a free port, kept in `<file>.port` for the node's later reloads.
+  refuses 0) given a free port, kept in `<file>.port` for the later reloads by the same Serve HAProxy manager (this
+  process's parent). The file outlives the cluster (`/tmp/haproxy-serve/<node id>/`) and the fake provider's node ids
+  repeat from cluster to cluster, so a port kept for another manager is never reused: one kept since the day before
+  had been taken by another socket, and the new node's HAProxy failed to bind it at every start (a test run,
+  2026-12-05).
 Only the standard library: it runs at every HAProxy start and reload.
 """
 
@@ -59,12 +63,16 @@ def main(argv: list[str]) -> None:
         src = args[i]
 
         def kept_port() -> int:
-            port_file = f"{src}.port"
-            if os.path.exists(port_file):
-                return int(open(port_file).read())
+            port_file, owner = f"{src}.port", str(os.getppid())
+            try:
+                kept_by, port = open(port_file).read().split()
+                if kept_by == owner:
+                    return int(port)
+            except (OSError, ValueError):  # none kept yet, or in an older form
+                pass
             port = free_port()
             with open(port_file, "w") as f:
-                f.write(str(port))
+                f.write(f"{owner} {port}")
             return port
 
         with open(src) as f:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -58,8 +59,24 @@ def test_a_port_0_bind_gets_a_free_port_that_reloads_keep(tmp_path):
     assert run.returncode == 0, run
     (bind,) = re.findall(r"^\s*bind\s+(\S+)", text, re.M)
     port = int(bind.removeprefix("127.0.0.1:"))
-    assert port > 0 and (tmp_path / "haproxy.cfg.port").read_text() == str(port)
-    assert check(tmp_path, "127.0.0.1", 0)[1] == text  # a reload binds the same port
+    assert port > 0 and (tmp_path / "haproxy.cfg.port").read_text() == f"{os.getpid()} {port}"  # kept for its starter
+    assert check(tmp_path, "127.0.0.1", 0)[1] == text  # a reload by the same starter binds the same port
+
+
+def test_a_port_kept_for_another_starter_is_not_reused(tmp_path):
+    """The port file outlives its cluster, and the fake autoscaler's node ids repeat: a port kept by an earlier
+    cluster's HAProxy manager (or in the older form, the port alone) may be taken by now, so a new one is drawn."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        old = taken.getsockname()[1]
+        for kept in (f"1 {old}", str(old)):
+            (tmp_path / "haproxy.cfg.port").write_text(kept)
+            run, text = check(tmp_path, "127.0.0.1", 0)
+            assert run.returncode == 0, run
+            (bind,) = re.findall(r"^\s*bind\s+(\S+)", text, re.M)
+            port = int(bind.removeprefix("127.0.0.1:"))
+            assert port != old and (tmp_path / "haproxy.cfg.port").read_text() == f"{os.getpid()} {port}"
 
 
 def test_without_any_haproxy_binary_the_stack_keeps_rays_python_proxy(monkeypatch):
