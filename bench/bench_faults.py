@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             if "batch" in only:
                 work = Path(tmp) / f"batch-{i}"
                 work.mkdir()
-                batch = batch_node_loss(cfg, model_dir, str(work / "out"), work)
+                batch = batch_node_loss(cfg, model_dir, str(work / "out"), work, engines_work_s=4.0)
                 lines.append(batch_line(batch.summary(), tag))
                 print(lines[-1], flush=True)
             if "gcs" in only:  # last: the head restarts

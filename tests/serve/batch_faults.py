@@ -10,6 +10,7 @@ replaces a lost pod. Ray Data retries the lost engine's batches; the output is t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -58,9 +59,14 @@ def engine_nodes() -> dict[str, str]:
 
 
 def batch_node_loss(cfg, model_dir: str | Path, output_uri: str, work_dir: Path, rows: int = 800,
-                    engines_work_s: float = 4.0, limit_s: float = 900.0) -> BatchNodeLoss:
+                    engines_work_s: float = 2.0, limit_s: float = 900.0) -> BatchNodeLoss:
     """Run the job on the stack `cfg` (with two 1-CPU worker nodes) and lose worker-1 `engines_work_s` after both
-    engines are up (alive once their vLLM engine is built; the stage releases them after its last batch)."""
+    engines are up (alive once their vLLM engine is built; the stage releases them after its last batch).
+
+    The job's Ray Data waits for both engines before it hands out the first batch (its `wait_for_min_actors_s`).
+    Otherwise an engine that comes up seconds before the other takes every batch, and Ray Data releases an engine
+    that has none left before the node goes: on a loaded box the first engine had all 400 rows in hand 4 s after
+    the second came up."""
     from ray.util.state import list_actors
 
     from pipelines import registry, stack
@@ -79,7 +85,8 @@ def batch_node_loss(cfg, model_dir: str | Path, output_uri: str, work_dir: Path,
            "num_engines=2", f"node_labels={{{NODE_LABEL}: 'in(worker-1,worker-2)'}}"]
     log_path = work_dir / "job.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=registry.PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=registry.PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": str(int(limit_s))})
     written = WrittenRows(output_uri)
     finished_s = None
     try:
