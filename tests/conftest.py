@@ -66,10 +66,31 @@ def stack_cfg() -> stack.StackConfig:
     return from_dict(stack.StackConfig, {**TEST_STACK, "s3": objectstore.available() is None}, "tests/conftest.py")
 
 
+STACK_DATA = ("mlflow", "swift", "prometheus")  # under the test stack's state dir: what its servers store
+
+
+def clear_stack_data(cfg: stack.StackConfig) -> list[str]:
+    """Remove what an earlier session's test stack stored (MLflow's registry and artifacts, Swift's objects,
+    Prometheus's samples) when no part of it is running; returns what went. Every session registers models under
+    names of its own and none are deleted, so a checkout's registry only grew (1.3 GB after a few days), and MLflow
+    3.17's version page cannot save an alias for a model that is not among the first 100 the registry lists by name
+    (its registered-model search, which replaces the page's model list, answers with those only)."""
+    import shutil
+
+    if any(stack.part_healthy(cfg, p) for p in ("ray", "mlflow", "s3", "prometheus")):
+        return []
+    gone = [d for d in STACK_DATA if (cfg.state / d).exists()]
+    for d in gone:
+        shutil.rmtree(cfg.state / d)
+    return gone
+
+
 @pytest.fixture(scope="session")
 def local_stack(stack_cfg):
-    """The running test stack; its env vars (RAY_ADDRESS, MLFLOW_TRACKING_URI, AWS_*) are set in os.environ."""
+    """The running test stack; its env vars (RAY_ADDRESS, MLFLOW_TRACKING_URI, AWS_*) are set in os.environ. A stack
+    this session starts starts empty (clear_stack_data)."""
     already = all(stack.part_healthy(stack_cfg, p) for p in (["ray", "mlflow"] + (["s3"] if stack_cfg.s3 else [])))
+    clear_stack_data(stack_cfg)
     stack.up(stack_cfg)
     saved = dict(os.environ)
     os.environ.update(stack.env_vars(stack_cfg))

@@ -35,7 +35,11 @@ def add_alias_in_ui(tracking_url: str, model: str, version: str, alias: str, scr
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.set_default_timeout(timeout_s * 1000)
         try:
-            page.goto(f"{tracking_url.rstrip('/')}/#/models/{model}/versions/{version}", wait_until="load")
+            # The alias dialog saves under the registered model's name, which the page has only once its
+            # registered-models/get answered; a click before then saves with name="" and the dialog stays open.
+            with page.expect_response(lambda r: "/registered-models/get" in r.url and r.ok) as registered:
+                page.goto(f"{tracking_url.rstrip('/')}/#/models/{model}/versions/{version}", wait_until="load")
+            registered.value.finished()
             page.get_by_role("button", name="Add").first.click()  # next to "Aliases:"
             dialog = page.get_by_role("dialog")
             dialog.get_by_text(f"alias for model version {version}").wait_for()
