@@ -1,6 +1,6 @@
 """Data stage throughput against the Rust tokenizer's own batched encode, same records, same threads.
 
-    python bench/bench_data.py [--records 200000] [--files 8] [--size small] [--num-cpus 2] [--rounds 2] [--quick]
+    python bench/bench_data.py [--records 200000] [--files 8] [--size small] [--num-shards 0] [--num-cpus 2] [--rounds 2] [--quick]
 
 Generates chat records (user 10-80 words, assistant 20-200 words, half with a system prompt), then
   baseline  the records rendered with the chat template (not timed), then one process running
@@ -106,37 +106,52 @@ def run_baseline(texts_path: Path, backend_path: Path, threads: int, batch: int,
     return json.loads(lines[-1][len(RESULT_PREFIX):])
 
 
-def rayline_run(inputs: str, tokenizer: str, out: str, seq_len: int, num_shards: int):
+def stage_config(inputs: str, tokenizer: str, out: str, seq_len: int, num_shards: int):
     from data.config import Config
-    from data.prepare import main
     from pipelines.config import from_dict
 
-    cfg = from_dict(Config, {"inputs": [inputs], "output_uri": out, "tokenizer": tokenizer, "format": "chat",
-                             "seq_len": seq_len, "packing": "pack", "num_shards": num_shards, "eval_fraction": 0.01})
+    return from_dict(Config, {"inputs": [inputs], "output_uri": out, "tokenizer": tokenizer, "format": "chat",
+                              "seq_len": seq_len, "packing": "pack", "num_shards": num_shards, "eval_fraction": 0.01})
+
+
+def rayline_run(cfg):
+    from data.prepare import main
+
     t0 = time.perf_counter()
     result = main(cfg)
-    return result, time.perf_counter() - t0, cfg
+    return result, time.perf_counter() - t0
 
 
-def stage_setup(cfg, tokens: int) -> dict:
+def stage_setup(cfg, tokens: int, manifest: dict | None = None) -> dict:
     """The stage's tokenizing layout: CPUs, niceness and affinity read back from the running cluster and
-    one of its workers; threads per task as the stage plans them (data.prepare), tasks at once as Ray
-    fits them on the CPUs."""
+    one of its workers; shards and threads per task as the run's manifest records them (`built_with`), or
+    before a run as the stage plans them for `cfg`'s input on the idle cluster (data.prepare); tasks at once
+    as Ray fits them on the CPUs."""
     import ray
 
+    from data.config import shard_count
+    from data.examples import TRAIN
     from data.prepare import _task_threads
+    from data.sources import discover
     from pipelines.ray_cluster import node_free_cpus
 
     cpus = float(ray.cluster_resources()["CPU"])
-    threads = _task_threads(cpus, cfg.num_shards, node_free_cpus())
-    at_once = min(cfg.num_shards, int(cpus // threads))
+    if manifest:
+        shards, threads = manifest["num_shards"], manifest["built_with"]["tokenizer_threads_per_shard"]
+    else:
+        deadline = time.monotonic() + 10  # Ray's view of free CPUs lags the last run's tasks by a moment
+        while node_free_cpus() < cpus and time.monotonic() < deadline:
+            time.sleep(0.2)
+        shards = shard_count(cfg, sum(f.size for f in discover(cfg.inputs, cfg.file_format, TRAIN, "inputs")))
+        threads = _task_threads(cpus, shards, node_free_cpus())
+    at_once = min(shards, int(cpus // threads))
 
     @ray.remote(num_cpus=threads)
     def probe():
         return os.getpriority(os.PRIO_PROCESS, 0), len(os.sched_getaffinity(0))
 
     niceness, affinity = ray.get(probe.remote())
-    return {"Ray CPUs": cpus, "processes tokenizing": at_once, "tokenizer threads per process": threads,
+    return {"Ray CPUs": cpus, "shards": shards, "processes tokenizing": at_once, "tokenizer threads per process": threads,
             "tokenizer threads in all": threads * at_once, "niceness": niceness, "CPU affinity": affinity,
             "encode call": ENCODE_CALL, "batch size": cfg.tokenize_batch_size, "tokens": tokens}
 
@@ -147,7 +162,7 @@ def main() -> None:
     p.add_argument("--files", type=int, default=8)
     p.add_argument("--size", default="small", choices=sorted(SIZES), help="tokenizer vocabulary of this model size")
     p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--num-shards", type=int, default=8)
+    p.add_argument("--num-shards", type=int, default=0, help="the stage's num_shards (0, its default: by input size)")
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="runs per side, in A-B-B-A order, pooled")
     p.add_argument("--quick", action="store_true", help="a smoke run: 20,000 records, 2 rounds")
@@ -188,9 +203,10 @@ def measure(args, work: Path, texts_path: Path, backend_path: Path) -> None:
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
-        _, _, cfg = rayline_run(str(work / "warmup"), str(work / "tokenizer"), str(work / "out-warmup"), args.seq_len,
-                                args.num_shards)
-        plan = stage_setup(cfg, 0)
+        rayline_run(stage_config(str(work / "warmup"), str(work / "tokenizer"), str(work / "out-warmup"),
+                                 args.seq_len, args.num_shards))
+        plan = stage_setup(stage_config(str(work / "records"), str(work / "tokenizer"), str(work / "out"), args.seq_len,
+                                        args.num_shards), 0)
         runs: dict[str, list[dict]] = {"rayline": [], "baseline": []}
         for i, order in enumerate(round_order(["baseline", "rayline"], args.rounds)):
             for side in order:
@@ -200,11 +216,12 @@ def measure(args, work: Path, texts_path: Path, backend_path: Path) -> None:
                                      plan["niceness"])
                 else:
                     out = work / f"out-{i}"
-                    result, wall, _ = rayline_run(str(work / "records"), str(work / "tokenizer"), str(out),
-                                                  args.seq_len, args.num_shards)
+                    cfg = stage_config(str(work / "records"), str(work / "tokenizer"), str(out), args.seq_len,
+                                       args.num_shards)
+                    result, wall = rayline_run(cfg)
                     tokens = result.splits["train"]["tokens"] + result.splits["eval"]["tokens"]
                     r = {"tokens": tokens, "wall": wall, "packing": result.packing_efficiency,
-                         "setup": stage_setup(cfg, tokens)}
+                         "setup": stage_setup(cfg, tokens, result.manifest)}
                     shutil.rmtree(out, ignore_errors=True)
                 runs[side].append(r)
                 print(f"round {i + 1} {side:8}: {r['tokens']:,} tokens in {r['wall']:.1f}s = "

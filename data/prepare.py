@@ -173,6 +173,8 @@ def main(cfg: Config) -> Result:
         totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
                                      totals, run_id, num_shards)
+        # How it was built, not what it holds: the same version built elsewhere has other values here.
+        manifest["built_with"] = {"cluster_cpus": cpus, "tokenizer_threads_per_shard": threads}
         wall_s = time.perf_counter() - t0
         if run_id:
             tracking.log_outcome(manifest, manifest_uri, wall_s)

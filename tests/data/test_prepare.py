@@ -206,6 +206,9 @@ def test_shards_sized_by_input_keep_what_a_fixed_count_keeps(ray_session, local_
     total = size + (sample_corpus_dir / "eval.jsonl").stat().st_size
     assert fixed.manifest["num_shards"] == 2 and sized.manifest["num_shards"] == -(-total // (1 << 20)) >= 4
     assert len(list((tmp_path / "sized" / sized.version / "train").glob("*.parquet"))) == sized.manifest["num_shards"]
+    built = sized.manifest["built_with"]  # the shard tasks share the cluster's CPUs, one thread at least
+    assert built["cluster_cpus"] >= 1 and \
+        1 <= built["tokenizer_threads_per_shard"] <= max(1, built["cluster_cpus"] // sized.manifest["num_shards"])
     assert sized.counts == fixed.counts and sized.counts["deduplicated"] >= len(copies[1:]) * 600
     for split in ("train", "eval"):  # the same examples and tokens; only how they are packed into rows may differ
         assert [sized.splits[split][k] for k in ("examples", "tokens")] == \
