@@ -270,6 +270,10 @@ def down(cfg: StackConfig, grace_s: float = 10.0, parts: Iterable[str] | None = 
     deadline = time.time() + grace_s
     while time.time() < deadline and any(pid_alive(p) for p in pids.values()):
         time.sleep(0.2)
+    lingering = [n for n, p in pids.items() if pid_alive(p)]
+    if lingering:
+        print(f"stack down: {', '.join(lingering)} still running {grace_s:.0f} s after SIGTERM; killed",
+              file=sys.stderr, flush=True)
     for sid in pids.values():
         kill_session_and_wait(sid)  # gone, ports free, before `down` returns
     data["pids"] = {n: p for n, p in data["pids"].items() if n not in pids}

@@ -18,6 +18,12 @@ from pipelines.stack_config import PROJECT_ROOT, StackConfig
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # MLflow delivers webhooks only to public https URLs by default (SSRF protection) and caches the webhook list
 # for 60 s; the local stack's receiver is `pipelines.rollout --watch` on loopback (serve/webhook.py).
+# `ray start --block` answers SIGTERM by draining its node for up to 30 s (Ray's default, for a KubeRay pod deleted
+# under a RayService upgrade); it finishes only once every worker lease on the node is returned. After the train
+# stage's tests something kept one, and the test stack's `down` waited out its 10 s grace before it killed the
+# session (the suite's last teardown: 10.5 s, now 2.2). The local stack is stopped on purpose, all at once; the
+# rendered manifests keep Ray's default.
+STOP_NOW_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 MLFLOW_WEBHOOK_ENV = {"MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
                       "MLFLOW_WEBHOOK_CACHE_TTL": "1"}
 
@@ -90,7 +96,7 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
     # Job entrypoints say `python ...`: that must be this environment's Python. Workers import the
     # project's packages; jobs get a working_dir, local drivers rely on PYTHONPATH.
     venv_bin = str(Path(python()).parent)
-    ray_env = {**token_env, **LOOPBACK_ENV, "PYTHONPATH": str(PROJECT_ROOT),
+    ray_env = {**token_env, **LOOPBACK_ENV, **STOP_NOW_ENV, "PYTHONPATH": str(PROJECT_ROOT),
                "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(Path(venv_bin).parent), "RAY_USAGE_STATS_ENABLED": "0",
                "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port), **SERVE_PROCESS_ENV,
                **local_serve_env()}
