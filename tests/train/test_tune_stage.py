@@ -43,20 +43,22 @@ def make_tune_config(prepared_manifest, tiny_model_dir, tmp_path):
     return make
 
 
-def test_a_search_that_cannot_fit_is_refused_with_the_arithmetic(make_tune_config, run_stage):
-    cfg = make_tune_config(max_concurrent_trials=50)
-    run = run_stage("tune", cfg)
+def test_a_search_that_cannot_fit_is_refused_with_the_arithmetic(make_tune_config, start_stage):
+    # Both refusals at once: each is a process that connects to Ray and reads its CPUs before it refuses.
+    too_big_cfg = make_tune_config("scaling.resources_per_worker.CPU=1000")
+    too_many, too_big = (start_stage("tune", make_tune_config(max_concurrent_trials=50)),
+                         start_stage("tune", too_big_cfg))
+    run = too_many.finish(300)
     assert run.returncode == 2, str(run)
     assert re.search(r"config error: max_concurrent_trials: 50 concurrent trials do not fit, at most \d+ do: 50 run\(s\) "
                      r"x \(2 workers x [\d.]+ CPU \+ 0\.01 CPU trial driver\) = [\d.]+ CPU needed; cluster has [\d.]+ CPU "
                      r"- 1 kept for Ray Data ingest \(scaling\.data_cpus\) = [\d.]+ CPU usable: does not fit", run.stderr)
 
-    cfg = make_tune_config("scaling.resources_per_worker.CPU=1000")
-    run = run_stage("tune", cfg)
+    run = too_big.finish(300)
     assert run.returncode == 2, str(run)
     assert re.search(r"not even one trial fits.*1 run\(s\) x \(2 workers x 1000 CPU \+ 0\.01 CPU trial driver\) = "
                      r"2000\.01 CPU needed.*does not fit", run.stderr)
-    assert registry.find_run(cfg.experiment, cfg.search_name) is None
+    assert registry.find_run(too_big_cfg.experiment, too_big_cfg.search_name) is None
 
 
 def test_trials_asha_stopped_close_killed_and_failed_trials_stay_failed(ray_session, tmp_path):
