@@ -16,14 +16,14 @@ from pipelines.stack_config import PROJECT_ROOT, StackConfig
 # Ray swaps a 127.0.0.1 node address for the machine's public IP, so its GCS and raylet would listen
 # on every interface; this switch (meant for laptops) keeps the node, and every server, on loopback.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-# MLflow delivers webhooks only to public https URLs by default (SSRF protection) and caches the webhook list
-# for 60 s; the local stack's receiver is `pipelines.rollout --watch` on loopback (serve/webhook.py).
 # `ray start --block` answers SIGTERM by draining its node for up to 30 s (Ray's default, for a KubeRay pod deleted
 # under a RayService upgrade); it finishes only once every worker lease on the node is returned. After the train
 # stage's tests something kept one, and the test stack's `down` waited out its 10 s grace before it killed the
 # session (the suite's last teardown: 10.5 s, now 2.2). The local stack is stopped on purpose, all at once; the
 # rendered manifests keep Ray's default.
 STOP_NOW_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+# MLflow delivers webhooks only to public https URLs by default (SSRF protection) and caches the webhook list
+# for 60 s; the local stack's receiver is `pipelines.rollout --watch` on loopback (serve/webhook.py).
 MLFLOW_WEBHOOK_ENV = {"MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
                       "MLFLOW_WEBHOOK_CACHE_TTL": "1"}
 

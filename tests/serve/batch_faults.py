@@ -64,9 +64,9 @@ def batch_node_loss(cfg, model_dir: str | Path, output_uri: str, work_dir: Path,
     engines are up (alive once their vLLM engine is built; the stage releases them after its last batch).
 
     The job's Ray Data waits for both engines before it hands out the first batch (its `wait_for_min_actors_s`).
-    Otherwise an engine that comes up seconds before the other takes every batch, and Ray Data releases an engine
-    that has none left before the node goes: on a loaded box the first engine had all 400 rows in hand 4 s after
-    the second came up."""
+    Otherwise an engine that comes up seconds before the other takes most batches, and Ray Data releases an idle
+    engine once every batch is handed out: on a loaded box that happened 4 s after the second engine came up,
+    before the node went."""
     from ray.util.state import list_actors
 
     from pipelines import registry, stack

@@ -35,8 +35,9 @@ def add_alias_in_ui(tracking_url: str, model: str, version: str, alias: str, scr
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.set_default_timeout(timeout_s * 1000)
         try:
-            # The alias dialog saves under the registered model's name, which the page has only once its
-            # registered-models/get answered; a click before then saves with name="" and the dialog stays open.
+            # The alias dialog saves under the registered model the page loads (registered-models/get); a save
+            # before it has arrived sends name="" and the dialog stays open. (So does one for a model beyond the
+            # first 100 by name, in MLflow 3.17: see tests/conftest.py clear_stack_data.)
             with page.expect_response(lambda r: "/registered-models/get" in r.url and r.ok) as registered:
                 page.goto(f"{tracking_url.rstrip('/')}/#/models/{model}/versions/{version}", wait_until="load")
             registered.value.finished()
