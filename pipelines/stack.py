@@ -31,8 +31,7 @@ from pathlib import Path
 
 from pipelines import gcs_store, objectstore, prometheus, stack_parts
 from pipelines.config import ConfigError, apply_overrides, from_dict, to_dict
-from pipelines.processes import (kill_session_and_wait, pid_alive, process_name, ray_session_dir,
-                                 session_members)
+from pipelines.processes import kill_session_and_wait, pid_alive, ray_session_dir
 from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_name, worker_node_ports
 from pipelines.stack_config import PROJECT_ROOT, StackConfig
 from pipelines.stack_parts import env_vars, ray_token, ray_token_path, runs_prometheus
@@ -60,7 +59,7 @@ def _http_ok(url: str, timeout: float = 2.0, token: str | None = None) -> bool:
 def _gcs_namespace(cfg: StackConfig) -> str:
     """The head's namespace in Redis: kept while the stack runs, so a head started again after its GCS died comes
     back with the cluster's state; `down` drops it, so a fresh stack starts a fresh cluster."""
-    data = _read_state(cfg.state)
+    data = read_state(cfg.state)
     if not data.get("gcs_namespace"):
         data["gcs_namespace"] = gcs_store.new_namespace()
         _write_state(cfg.state, data)
@@ -90,7 +89,7 @@ def part_healthy(cfg: StackConfig, part: str) -> bool:
     if part == "redis":
         return gcs_store.healthy(cfg.state, cfg.redis_port)
     if part == "nodes":
-        pids, labels = _read_state(cfg.state)["pids"], node_ids(cfg)
+        pids, labels = read_state(cfg.state)["pids"], node_ids(cfg)
         return all(f"worker-{i}" in labels and pid_alive(pids.get(worker_node_name(i), -1))
                    for i in range(1, cfg.nodes + 1))
     raise ValueError(part)
@@ -105,7 +104,7 @@ def _head_registered(cfg: StackConfig, since_ms: int) -> bool:
                for n in alive_nodes(cfg.dashboard_port, token))
 
 
-def _read_state(state: Path) -> dict:
+def read_state(state: Path) -> dict:
     f = state / "stack.json"
     return json.loads(f.read_text()) if f.exists() else {"pids": {}}
 
@@ -145,7 +144,7 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
     notes = []
     if cfg.prometheus and prometheus.available() and (parts is None or "prometheus" in parts):
         notes.append(f"prometheus not started: {prometheus.available()}")
-    data = _read_state(state)
+    data = read_state(state)
     data["config"] = to_dict(cfg)
     to_start = [part for part in specs if not part_healthy(cfg, part)]
     # Check every port before starting anything, so a clash leaves nothing half started.
@@ -259,7 +258,7 @@ def down(cfg: StackConfig, grace_s: float = 10.0, parts: Iterable[str] | None = 
     Ray's workers leave their parent's process group but not its session, so the session is what
     identifies everything a part started. Data is kept.
     """
-    data = _read_state(cfg.state)
+    data = read_state(cfg.state)
     names = None if parts is None else {n for part in parts for n in data.get("parts", {}).get(part, [])}
     pids = {n: p for n, p in data["pids"].items() if names is None or n in names}
     stopped = []
@@ -291,40 +290,8 @@ def down(cfg: StackConfig, grace_s: float = 10.0, parts: Iterable[str] | None = 
     return stopped
 
 
-def kill_node(cfg: StackConfig, i: int) -> int:
-    """Lose worker node i as a machine is lost: SIGKILL its raylet and every process it runs (workers, agents,
-    engines) at once, nothing shut down cleanly. `up(cfg, parts=["nodes"])` brings a fresh node i back, as
-    KubeRay replaces a lost worker pod. Returns how many processes were killed."""
-    pid = _read_state(cfg.state)["pids"].get(worker_node_name(i))
-    if pid is None or not pid_alive(pid):
-        raise RuntimeError(f"worker node {i} is not running (stack.json in {cfg.state})")
-    return kill_session_and_wait(pid)
-
-
-def kill_gcs(cfg: StackConfig) -> int:
-    """SIGKILL the head's GCS process, as a crash would. `ray start --block` then takes the rest of the head down,
-    as the head container exits on KubeRay; returns once the head's processes are gone. With `gcs_redis`,
-    `up(cfg, parts=["ray"])` starts a head that comes back with the cluster's state (as KubeRay restarts the head
-    pod), and worker nodes that waited for it rejoin. Returns the GCS's PID."""
-    head = _read_state(cfg.state)["pids"].get("ray-head")
-    if head is None or not pid_alive(head):
-        raise RuntimeError(f"the Ray head is not running (stack.json in {cfg.state})")
-    gcs = [p for p in session_members(head) if process_name(p) == "gcs_server"]
-    if not gcs:
-        raise RuntimeError(f"no gcs_server process in the Ray head's session (pid {head})")
-    os.kill(gcs[0], signal.SIGKILL)
-    deadline = time.time() + 30
-    while pid_alive(head) and time.time() < deadline:  # `ray start --block` notices within a second
-        time.sleep(0.1)
-    kill_session_and_wait(head)  # whatever it left behind
-    # A head started again needs the same ports: return once nothing listens on them any more.
-    while time.time() < deadline + 30 and any(port_busy(p) for p in stack_parts.ports(cfg)["ray"]):
-        time.sleep(0.2)
-    return gcs[0]
-
-
 def status(cfg: StackConfig) -> dict[str, dict]:
-    data = _read_state(cfg.state)
+    data = read_state(cfg.state)
     out = {}
     for part, procs in _specs_for_status(cfg).items():
         pids = {n: data["pids"].get(n) for n in procs}
@@ -336,7 +303,7 @@ def status(cfg: StackConfig) -> dict[str, dict]:
 def _specs_for_status(cfg: StackConfig) -> dict[str, list[str]]:
     parts = {**({"redis": ["redis"]} if cfg.gcs_redis else {}), "ray": ["ray-head"], "mlflow": ["mlflow"]}
     if cfg.s3:
-        parts["s3"] = _read_state(cfg.state).get("parts", {}).get("s3", [])
+        parts["s3"] = read_state(cfg.state).get("parts", {}).get("s3", [])
     if runs_prometheus(cfg):
         parts["prometheus"] = ["prometheus"]
     if cfg.nodes:
@@ -356,7 +323,7 @@ def urls(cfg: StackConfig) -> dict[str, str]:
 def load_stack_config(state_dir: str | None, overrides: list[str], s3: bool | None = None) -> StackConfig:
     """The config `up` saved in the state dir, with overrides on top (so `env`/`down` need no flags)."""
     base = StackConfig() if state_dir is None else StackConfig(state_dir=state_dir)
-    saved = _read_state(base.state).get("config") or {}
+    saved = read_state(base.state).get("config") or {}
     data = apply_overrides({**saved, **({"state_dir": state_dir} if state_dir else {})}, overrides)
     if s3 is not None and s3:
         data["s3"] = True

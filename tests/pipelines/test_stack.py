@@ -105,7 +105,7 @@ def test_up_twice_env_job_nodes_down(mini_cfg, tmp_path):
         assert node_metrics <= up, up
 
         # No process of the stack listens beyond loopback, the worker nodes' included.
-        pids = stack._read_state(mini_cfg.state)["pids"].values()
+        pids = stack.read_state(mini_cfg.state)["pids"].values()
         members = {p for sid in pids for p in processes.session_members(sid)}
         listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
         ours = [ln.split()[3] for ln in listening if any(f"pid={p}," in ln for p in members)]
@@ -113,14 +113,14 @@ def test_up_twice_env_job_nodes_down(mini_cfg, tmp_path):
 
         # Stopping only the nodes returns once the head no longer counts them: the next job sizes itself from
         # what the cluster reports (a data job planned for 4 CPUs on the 2-CPU head waited forever).
-        worker_pids = [p for n, p in stack._read_state(mini_cfg.state)["pids"].items() if n.startswith("ray-worker")]
+        worker_pids = [p for n, p in stack.read_state(mini_cfg.state)["pids"].items() if n.startswith("ray-worker")]
         assert sorted(stack.down(stack.load_stack_config(mini_cfg.state_dir, []), parts=["nodes"])) == [
             "ray-worker-1", "ray-worker-2"]
         assert not any(stack.pid_alive(p) for p in worker_pids)
         assert set(stack.node_ids(mini_cfg)) == {"head"}
         assert stack.status(stack.load_stack_config(mini_cfg.state_dir, []))["ray"]["healthy"]
     finally:
-        pids = stack._read_state(mini_cfg.state)["pids"]
+        pids = stack.read_state(mini_cfg.state)["pids"]
         down = _cli(mini_cfg, "down")
     assert down.returncode == 0 and "ray-head" in down.stdout
     assert pids and not any(stack.pid_alive(p) for p in pids.values())

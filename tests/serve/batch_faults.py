@@ -69,7 +69,7 @@ def batch_node_loss(cfg, model_dir: str | Path, output_uri: str, work_dir: Path,
     before the node went."""
     from ray.util.state import list_actors
 
-    from pipelines import registry, stack
+    from pipelines import registry, stack, stack_faults
     from pipelines.ray_node import NODE_LABEL
     from serve.batch.pipeline import read_results
     from serve.batch.progress import WrittenRows
@@ -99,7 +99,7 @@ def batch_node_loss(cfg, model_dir: str | Path, output_uri: str, work_dir: Path,
             raise RuntimeError(f"the two engines were not at work: {placed}\n{log_path.read_text()[-3000:]}")
         nodes = node_ids_by_label(cfg)
         rows_at_kill, killed_at = written.count(), time.monotonic()
-        stack.kill_node(cfg, 1)
+        stack_faults.kill_node(cfg, 1)
         stack.up(cfg, parts=["nodes"])  # a fresh worker-1, as KubeRay replaces a lost pod
         proc.wait(max(deadline - time.monotonic(), 1))
         finished_s = time.monotonic() - killed_at

@@ -108,7 +108,7 @@ def start_head(cfg, attempts: int = 3) -> int:
             if attempt == attempts:
                 raise RuntimeError("\n".join(failures) +
                                    f"\nlistening there: {listeners(stack_parts.ports(cfg)['ray'])}") from None
-            kill_session_and_wait(stack._read_state(cfg.state)["pids"]["ray-head"])  # what the failed start left
+            kill_session_and_wait(stack.read_state(cfg.state)["pids"]["ray-head"])  # what the failed start left
             time.sleep(5)  # as the kubelet's back-off; a port the old head held may take a moment to free
     return attempts
 
@@ -131,7 +131,7 @@ def serve_gcs_restart(cfg, model_dir, streams: int = 2, pause_s: float = 1.0, wa
                       after_s: float = 6.0, recover_limit_s: float = 120.0) -> GcsRestart:
     """Run the scenario on the stack `cfg` (gcs_redis on, three 1-CPU worker nodes); the caller's environment must
     point at that stack (stack.env_vars)."""
-    from pipelines import gcs_store, registry, stack
+    from pipelines import gcs_store, registry, stack, stack_faults
     from serve.deploy_target import LocalServe
 
     if not (cfg.gcs_redis and cfg.nodes >= 3 and cfg.node_cpus == 1):
@@ -152,13 +152,13 @@ def serve_gcs_restart(cfg, model_dir, streams: int = 2, pause_s: float = 1.0, wa
                     up = stack._http_ok(f"{url}/-/healthz")
                     raise RuntimeError(f"no answer through the worker proxy at {url} (its /-/healthz answers: {up})")
             nodes_before, replicas_before = node_ids_by_label(cfg), dict(timeline.nodes)
-            namespace = stack._read_state(cfg.state)["gcs_namespace"]
+            namespace = stack.read_state(cfg.state)["gcs_namespace"]
             load = ChatLoad([f"{u}{GCS_PREFIX}/v1" for u in urls], streams, pause_s=pause_s)
             with load:
                 time.sleep(warm_s)
                 redis_keys = gcs_store.keys(cfg.state, cfg.redis_port, namespace)
                 killed_at = time.monotonic()
-                stack.kill_gcs(cfg)
+                stack_faults.kill_gcs(cfg)
                 time.sleep(outage_s)
                 head_starts = start_head(cfg)
                 head_back_at = time.monotonic()

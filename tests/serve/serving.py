@@ -260,9 +260,9 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
                     recover_limit_s: float = 300.0) -> NodeLoss:
     """Deploy the tiny model with `python -m pipelines.serve`, two replicas pinned to worker-1 and worker-2 of the
     stack `cfg` (1-CPU nodes: one replica each); put `streams` loopback streams on it; after `warm_s` lose worker-1
-    (`stack.kill_node`) and bring a fresh one back (`stack.up(parts=["nodes"])`, as KubeRay replaces a pod); wait
+    (`stack_faults.kill_node`) and bring a fresh one back (`stack.up(parts=["nodes"])`, as KubeRay replaces a pod); wait
     until two replicas serve again with the lost one gone, keep the load `warm_s` more, and remove the app."""
-    from pipelines import stack
+    from pipelines import stack, stack_faults
     from serve.deploy_target import LocalServe
 
     (version,) = register_fresh(NODE_LOSS_MODEL, [(str(model_dir), {})])
@@ -280,7 +280,7 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
             with load:
                 time.sleep(warm_s)
                 killed_at = time.monotonic()
-                stack.kill_node(cfg, 1)
+                stack_faults.kill_node(cfg, 1)
                 stack.up(cfg, parts=["nodes"])
                 joined_at = time.monotonic()
                 gone = lost[0] if lost else ""

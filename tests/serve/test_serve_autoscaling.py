@@ -54,7 +54,7 @@ def autoscaling_stack(tmp_path):
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        pids = stack._read_state(cfg.state).get("pids", {})
+        pids = stack.read_state(cfg.state).get("pids", {})
         stack.down(cfg, grace_s=2)  # a test stack: nothing to keep
         assert not any(stack.pid_alive(p) for p in pids.values())
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from data.prepared import COLUMNS, load_manifest
-from pipelines import registry, stack, storage
+from pipelines import registry, stack, stack_faults, storage
 from pipelines.config import config_hash
 from pipelines.ray_node import NODE_LABEL
 from train.checkpoint import newest_trainer_state
@@ -68,11 +68,11 @@ def faulted(make_train_config, start_stage, s3_bucket, worker_nodes, tmp_path_fa
         time.sleep(0.2)
     if marker.exists():
         # The injector writes the marker, then SIGKILLs its node's session from inside. Make sure the whole node is
-        # gone before the replacement starts (the loss completed from outside, as the stack's kill_node does), or
+        # gone before the replacement starts (the loss completed from outside, as stack_faults.kill_node does), or
         # `up` may find it still healthy, start nothing, and the run waits for a node that never comes back.
         lost = int(re.search(r"node worker-(\d+)", marker.read_text()).group(1))
-        if stack.pid_alive(stack._read_state(worker_nodes.state)["pids"].get(f"ray-worker-{lost}", -1)):
-            stack.kill_node(worker_nodes, lost)
+        if stack.pid_alive(stack.read_state(worker_nodes.state)["pids"].get(f"ray-worker-{lost}", -1)):
+            stack_faults.kill_node(worker_nodes, lost)
         stack.up(worker_nodes, parts=["nodes"])
     run = started.finish(timeout=600)  # 2 min here alone
     assert run.returncode == 0 and run.result, str(run)
