@@ -30,10 +30,12 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 @dataclass
 class SubmitResult:
+    """A submitted job's id, its status when `submit_stage` returned, and the seconds it waited. The job's log is
+    not kept here: it went to `stream` as it was written, and `ray job logs <job_id>` reads it again."""
+
     job_id: str
     status: str
     seconds: float
-    logs: str
 
 
 def dashboard_address(address: str | None) -> str:
@@ -92,7 +94,7 @@ def submit_stage(
         shutil.rmtree(package, ignore_errors=True)  # uploaded to the GCS by now (or never will be)
     start = time.time()
     if not wait:
-        return SubmitResult(job_id, str(client.get_job_status(job_id)), 0.0, "")
+        return SubmitResult(job_id, str(client.get_job_status(job_id)), 0.0)
     deadline = start + timeout_s
     if stream is not None:
         # The log stream only ends with the job, so the timeout bounds it too.
@@ -104,7 +106,7 @@ def submit_stage(
                                f"(timeout_s); stopped it. Raise the timeout, or follow the job with "
                                f"`ray job logs -f {job_id}`")
         time.sleep(1)
-    return SubmitResult(job_id, status, time.time() - start, client.get_job_logs(job_id))
+    return SubmitResult(job_id, status, time.time() - start)
 
 
 def main(argv: list[str] | None = None) -> int:
