@@ -93,6 +93,15 @@ def engine_deployment_name(cfg: Config) -> str:
     return "LLMServer:" + cfg.served_model_id.replace("/", "--").replace(".", "_")
 
 
+INGRESS_DEPLOYMENT = "RaylineIngress"  # Serve names the ingress deployment after its class (build_openai_app)
+
+
+def routes_deployment_name(cfg: Config) -> str:
+    """The deployment whose replicas serve the app's HTTP routes, and so run its canary split: the engine replicas
+    (`ingress: engine`) or the separate OpenAI ingress (`ingress: deployment`)."""
+    return engine_deployment_name(cfg) if cfg.ingress == "engine" else INGRESS_DEPLOYMENT
+
+
 def adapters_of(app_config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The adapter set in a deployed application config (as rendered here): client name -> pinned adapter."""
     for d in app_config.get("deployments") or []:
@@ -224,7 +233,7 @@ def build_app(args: dict[str, Any]):
         "llm_configs": [llm],
         "ingress_cls_config": {
             "ingress_cls": RaylineIngress,
-            "ingress_extra_kwargs": {"rayline": rayline},
+            "ingress_extra_kwargs": {"rayline": rayline, "request_metrics": cfg.request_metrics},
         },
         "ingress_deployment_config": {
             "num_replicas": cfg.ingress_replicas,

@@ -6,8 +6,9 @@ is judged on live metrics at each step, and becomes champion or is rolled back.
   2. deploy    the challenger as a Serve app of its own (`<app>-challenger` at `<route>/-challenger`), pinned to its
                version, beside the champion's app (on Kubernetes: one more application in the same serveConfigV2);
                one replica to start with, scaling on its own load up to the champion's max_replicas
-  3. steps     for each share: set `canary` in the champion engine deployment's `user_config` (the replicas route
-               without restarting; serve/canary_split.py), run the step's window with a quality probe (known answers
+  3. steps     for each share: set `canary` in the `user_config` of the champion deployment that serves the routes
+               (the engine replicas, or with `ingress: deployment` the OpenAI ingress replicas; serve/app.py
+               `routes_deployment_name`): they route without restarting (serve/canary_split.py), run the step's window with a quality probe (known answers
                sent to both sides), then judge the window's live metrics (error ratio, TTFT p50/p99, inter-token
                latency, probe exact match) against the thresholds in `canary`: every champion replica's, read from
                Prometheus `canary.metrics_lag_s` after the window (serve/canary_metrics.py), or, without a
@@ -36,7 +37,7 @@ from mlflow.entities.model_registry import ModelVersion
 
 from pipelines import registry
 from serve import rollout_record as rec
-from serve.app import ServedModel, engine_deployment_name, render_serve_config
+from serve.app import ServedModel, render_serve_config, routes_deployment_name
 from serve.canary_split import CHALLENGER, CHAMPION, ROUTE_HEADER, STATS_PATH
 from serve.deploy_target import DeployError
 from serve.rollout_config import CanaryConfig
@@ -120,9 +121,6 @@ class Canary:
         self.r = rollout
         self.cfg: CanaryConfig = rollout.cfg.canary
         sc = rollout.serve_cfg
-        if sc.ingress != "engine":
-            raise ValueError("canary: needs the serving config's ingress: engine (the champion's replicas split the "
-                             f"traffic); {sc.app_name} has ingress: {sc.ingress}")
         route = self.cfg.route_prefix or sc.route_prefix.rstrip("/") + "/-challenger"
         # The challenger takes a share of the traffic: it starts with one replica and scales on its own load up to
         # the champion's max_replicas.
@@ -134,7 +132,7 @@ class Canary:
         self.champion_root = champion_v1.removesuffix("/v1")
         self.forward_url = root + route.rstrip("/")
         self.base_url = self.forward_url + "/v1"
-        self.deployment = engine_deployment_name(sc)
+        self.deployment = routes_deployment_name(sc)  # the replicas that run the split
         self.prometheus = rollout.canary_metrics_url
 
     # -- the canary --------------------------------------------------------------------------------------------

@@ -117,14 +117,22 @@ class RaylineServer(LLMServer):
     async def __serve_build_asgi_app__(self):
         app = await super().__serve_build_asgi_app__()
         add_version_to_model_routes(app, self._llm_config.model_id, self._rayline, self._adapters)
-        tags = served_tags(self._llm_config.model_id, self._rayline)
-        metrics.gauge("rayline_served_version", 1, **tags)
-        if self._request_metrics:
-            app.add_middleware(CountResponses, tags={k: tags[k] for k in ("app", "model", "version")})
-        from serve.canary_split import CanarySplit
+        return add_rayline_middleware(app, self._llm_config.model_id, self._rayline, self._canary,
+                                      self._request_metrics)
 
-        app.add_middleware(CanarySplit, state=self._canary)  # outermost: a request it forwards is not counted here
-        return app
+
+def add_rayline_middleware(app, model_id: str, rayline: dict[str, Any], canary, request_metrics: bool):
+    """What every layout's routes get, on the app that serves them (the engine replica's, or the separate
+    ingress's): the served-version gauge, responses counted by status, and outermost the canary split (a request it
+    forwards to the challenger is not counted here)."""
+    from serve.canary_split import CanarySplit
+
+    tags = served_tags(model_id, rayline)
+    metrics.gauge("rayline_served_version", 1, **tags)
+    if request_metrics:
+        app.add_middleware(CountResponses, tags={k: tags[k] for k in ("app", "model", "version")})
+    app.add_middleware(CanarySplit, state=canary)
+    return app
 
 
 def served_tags(model_id: str, rayline: dict[str, Any]) -> dict[str, str]:
@@ -161,9 +169,26 @@ class RaylineIngress(OpenAiIngress):
     appears as `metadata.rayline` of the model card.
     """
 
-    def __init__(self, llm_deployments, model_cards, *, rayline: dict[str, Any] | None = None, **kwargs):
+    def __init__(self, llm_deployments, model_cards, *, rayline: dict[str, Any] | None = None,
+                 request_metrics: bool = True, **kwargs):
         super().__init__(llm_deployments, model_cards, **kwargs)
+        from serve.canary_split import CanaryState
+
         self._rayline = dict(rayline or {})
+        self._request_metrics = request_metrics
+        (self._model_id,) = model_cards  # rayline's app serves one model
+        self._canary = CanaryState({"app": served_tags(self._model_id, self._rayline)["app"]})
+
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's call with the ingress deployment's `user_config`: a canary's split (serve/canary_split.py), which
+        in this layout the ingress replicas run in front of Ray's OpenAI routes."""
+        self._canary.configure((user_config or {}).get("canary"))
+
+    async def __serve_build_asgi_app__(self):
+        # Serve calls this before the app starts (its lifespan), so middleware can still be added. The app is Ray's
+        # OpenAI FastAPI app that `serve.ingress` bound to this class (make_fastapi_ingress).
+        return add_rayline_middleware(self._asgi_app, self._model_id, self._rayline, self._canary,
+                                      self._request_metrics)
 
     async def model(self, model_id: str) -> Optional[ModelCard]:
         card = await super().model(model_id)

@@ -1,0 +1,128 @@
+"""`ingress: deployment` for real: Ray's OpenAI ingress deployment (`RaylineIngress`) in front of the engine replica,
+deployed with `python -m pipelines.serve` on the test stack. The ingress names the served version in its model cards,
+answers unknown models OpenAI's way, and its replicas run the canary split (serve/canary_split.py) that a canary
+rollout sets in their `user_config` (serve/app.py `routes_deployment_name`). The challenger here is the session's
+engine-layout app (tests/serve/conftest.py `served`), another version of another registered model, so each answer's
+`system_fingerprint` says which side gave it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from pipelines import registry
+from pipelines.config import from_dict
+from serve.app import INGRESS_DEPLOYMENT, engine_deployment_name, routes_deployment_name
+from serve.canary import with_canary
+from serve.canary_split import ROUTE_HEADER, STATS_PATH
+from serve.deploy_target import LocalServe
+from serve.serve_config import Config as ServeConfig
+from tests.serve.serving import deploy, register_fresh, serve_config_dict
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+APP, PREFIX, MODEL = "rayline-test-ingress", "/ingress-test", "rayline-ingress-test"
+
+
+def post_chat(base_url: str, user: str, headers: dict[str, str] | None = None) -> tuple[str, str]:
+    """One chat request; (its system_fingerprint, the side the canary header names, or "" without one)."""
+    body = {"model": "rayline", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "user": user}
+    req = urllib.request.Request(f"{base_url}/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())["system_fingerprint"], r.headers.get(ROUTE_HEADER, "")
+
+
+def get(url: str) -> tuple[int, dict]:
+    return post(url, None)
+
+
+def post(url: str, body: dict | None) -> tuple[int, dict]:
+    """(status, JSON body) of a GET (body None) or a JSON POST."""
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def ingress_app(local_stack, tiny_model_dir):
+    (version,) = register_fresh(MODEL, [(str(tiny_model_dir), {})])
+    registry.set_alias(MODEL, "champion", version)
+    cfg = {**serve_config_dict(APP, PREFIX, MODEL), "ingress": "deployment"}
+    target = LocalServe(APP)
+    try:
+        deploy(cfg)
+        root = f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}"
+        yield {"cfg": from_dict(ServeConfig, cfg, "test"), "target": target, "root": root, "base_url": f"{root}/v1",
+               "version": version, "label": f"{MODEL}/{version}"}
+    finally:
+        target.delete()
+
+
+def test_the_ingress_names_the_served_version_and_answers_unknown_models_with_a_404(ingress_app):
+    deployments = {r["deployment"] for r in ingress_app["target"].replicas()}
+    assert deployments == {INGRESS_DEPLOYMENT, engine_deployment_name(ingress_app["cfg"])}, deployments
+    assert routes_deployment_name(ingress_app["cfg"]) == INGRESS_DEPLOYMENT
+    status, body = get(ingress_app["base_url"] + "/models")
+    assert status == 200, body
+    (card,) = body["data"]
+    stamp = card["metadata"]["rayline"]
+    assert card["id"] == "rayline" and (stamp["name"], stamp["version"], stamp["label"]) == (
+        MODEL, ingress_app["version"], ingress_app["label"]), card
+    assert post_chat(ingress_app["base_url"], "u1") == (ingress_app["label"], "")  # no canary: no side named
+    # Unknown models: Ray's ingress answers {"error": {...}} with its exception's class as the type; for a completion
+    # RaylineIngress names the models there are.
+    status, body = get(ingress_app["base_url"] + "/models/gpt-9")
+    assert status == 404 and body["error"]["code"] == 404 and "Unable to find gpt-9" in body["error"]["message"], body
+    status, body = post(ingress_app["base_url"] + "/chat/completions",
+                        {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert status == 404 and set(body) == {"error"} and body["error"]["code"] == 404, body
+    assert "gpt-9" in body["error"]["message"] and "Available models: rayline." in body["error"]["message"], body
+
+
+def set_canary(ingress_app: dict, canary: dict | None) -> dict:
+    """The canary as a rollout sets it (serve/canary.py `_split`): in the app's config as it runs, on the deployment
+    that serves the routes; returns the config the ingress replica then reports."""
+    target = ingress_app["target"]
+    target.restore(with_canary(target.current(), routes_deployment_name(ingress_app["cfg"]), canary))
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        status, stats = get(f"{ingress_app['root']}{STATS_PATH}?since=0")
+        if status == 200 and (stats["config"] or None) == canary:
+            return stats
+        time.sleep(0.5)
+    raise AssertionError(f"the ingress did not take canary {canary}: {stats}")
+
+
+def test_the_ingress_replicas_split_and_shadow_to_the_challenger(ingress_app, served):
+    challenger_root = served["base_url"].removesuffix("/v1")
+    own, other = ingress_app["label"], served["label"]
+    try:
+        set_canary(ingress_app, {"share": 1.0, "mode": "split", "url": challenger_root, "sticky_header": ""})
+        split = [post_chat(ingress_app["base_url"], f"user-{i}") for i in range(4)]
+        assert split == [(other, "challenger")] * 4, split
+        # The rollout's quality probe forces a side with the header, whatever the share.
+        assert post_chat(ingress_app["base_url"], "probe", {ROUTE_HEADER: "champion"}) == (own, "champion")
+
+        since = time.time()
+        set_canary(ingress_app, {"share": 1.0, "mode": "shadow", "url": challenger_root, "sticky_header": ""})
+        shadowed = [post_chat(ingress_app["base_url"], f"user-{i}") for i in range(3)]
+        assert [fp for fp, _ in shadowed] == [own] * 3, shadowed  # a client never gets the challenger's answer
+        deadline = time.time() + 60
+        while (sides := get(f"{ingress_app['root']}{STATS_PATH}?since={since}")[1]["sides"])["challenger"][
+                "shadow"] < 3 and time.time() < deadline:
+            time.sleep(0.5)  # the copies are sent after the answer
+        assert sides["challenger"]["shadow"] == 3 and sides["challenger"]["errors"] == 0, sides
+        assert sides["champion"]["requests"] == 3, sides
+    finally:
+        set_canary(ingress_app, None)
+    assert post_chat(ingress_app["base_url"], "after") == (own, "")
