@@ -207,9 +207,10 @@ def build_app(args: dict[str, Any]):
     """Serve's `import_path` target: args (see `application_args`) -> the OpenAI app: the engine deployment serving
     the routes itself (`ingress: engine`), or Ray's OpenAI ingress deployment in front of it (`ingress: deployment`)."""
     import ray
-    from ray.serve.llm import build_openai_app
+    from ray import serve
+    from ray.serve.llm import build_llm_deployment
 
-    from serve.llm_hooks import RaylineIngress
+    from serve.llm_hooks import RaylineServer, openai_ingress_app
 
     cfg = from_dict(Config, args.get("config") or {}, source="serve application args.config")
     model = ServedModel.from_args(args["model"]) if args.get("model") else resolve_served_model(
@@ -218,26 +219,13 @@ def build_app(args: dict[str, Any]):
     base_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
     llm = _llm_config(cfg, model, base_env)
     rayline = {**model.to_args(), "label": model.label}
+    server = {"rayline": rayline, "request_metrics": cfg.request_metrics, "model_cache_dir": cfg.model_cache_dir,
+              "max_lora_rank": cfg.lora.max_lora_rank}
     if cfg.ingress == "engine":
-        from ray import serve
-        from ray.serve.llm import build_llm_deployment
-
-        from serve.llm_hooks import RaylineServer
-
-        return build_llm_deployment(
-            llm, name_prefix="LLMServer:", deployment_cls=serve.ingress()(RaylineServer),
-            bind_kwargs={"rayline": rayline, "request_metrics": cfg.request_metrics,
-                         "model_cache_dir": cfg.model_cache_dir, "max_lora_rank": cfg.lora.max_lora_rank}
-        )
-    return build_openai_app({
-        "llm_configs": [llm],
-        "ingress_cls_config": {
-            "ingress_cls": RaylineIngress,
-            "ingress_extra_kwargs": {"rayline": rayline, "request_metrics": cfg.request_metrics},
-        },
-        "ingress_deployment_config": {
-            "num_replicas": cfg.ingress_replicas,
-            "max_surge_percent": cfg.max_surge_percent,
-            "ray_actor_options": {"num_cpus": cfg.ingress_cpus},
-        },
-    })
+        return build_llm_deployment(llm, name_prefix="LLMServer:", deployment_cls=serve.ingress()(RaylineServer),
+                                    bind_kwargs=server)
+    engine = build_llm_deployment(llm, name_prefix="LLMServer:", deployment_cls=RaylineServer, bind_kwargs=server)
+    return openai_ingress_app(llm, engine, {"num_replicas": cfg.ingress_replicas,
+                                            "max_surge_percent": cfg.max_surge_percent,
+                                            "ray_actor_options": {"num_cpus": cfg.ingress_cpus}},
+                              rayline=rayline, request_metrics=cfg.request_metrics)

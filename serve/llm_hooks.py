@@ -114,6 +114,18 @@ class RaylineServer(LLMServer):
             return
         await self._adapters.apply(wanted)
 
+    async def adapter_cards(self) -> list[dict[str, Any]]:
+        """The model cards of the adapters this replica serves now, as clients name them (`<model_id>:<name>`), each
+        with its version as `metadata.rayline`: what the separate ingress lists (`ingress: deployment`)."""
+        if self._adapters is None:
+            return []
+        cards = []
+        for name, spec in sorted(self._adapters.served.items()):
+            card = adapter_card({"id": f"{self._adapters.client_name(name)}@{spec['label']}", "object": "model",
+                                 "permission": [], "metadata": {}}, self._adapters)
+            cards.append({k: card[k] for k in ("id", "object", "owned_by", "permission", "metadata")})
+        return cards
+
     async def __serve_build_asgi_app__(self):
         app = await super().__serve_build_asgi_app__()
         add_version_to_model_routes(app, self._llm_config.model_id, self._rayline, self._adapters)
@@ -163,7 +175,11 @@ class CountResponses:
 
 
 class RaylineIngress(OpenAiIngress):
-    """Ray's OpenAI ingress, plus the served version in `/v1/models` and OpenAI-style bodies for unknown models.
+    """Ray's OpenAI ingress (`ingress: deployment`) in front of the RaylineServer engine replicas, plus the served
+    version in `/v1/models`, the available models in an unknown model's 404, the canary split, and the adapters
+    the engine replicas serve (`<model_id>:<name>`, listed and routed like the base: every engine replica holds the
+    app's whole adapter set, serve/served_adapters.py, so requests need no multiplexed routing and no adapter is
+    loaded through Ray's own LoRA loader).
 
     `rayline` (bound at build time) is the pinned model: {name, version, alias, source, ref, label}; it
     appears as `metadata.rayline` of the model card.
@@ -190,11 +206,30 @@ class RaylineIngress(OpenAiIngress):
         return add_rayline_middleware(self._asgi_app, self._model_id, self._rayline, self._canary,
                                       self._request_metrics)
 
+    def _is_adapter(self, model_id: str) -> bool:
+        return model_id.startswith(f"{self._model_id}:")
+
+    async def _adapter_cards(self) -> list[dict[str, Any]]:
+        return await self._default_serve_handles[self._model_id].adapter_cards.remote()
+
     async def model(self, model_id: str) -> Optional[ModelCard]:
+        if self._is_adapter(model_id):
+            card = next((c for c in await self._adapter_cards() if c["id"] == model_id), None)
+            return None if card is None else ModelCard.model_validate(card)
         card = await super().model(model_id)
         if card is None or not self._rayline:
             return card
         return ModelCard.model_validate(stamp_version(card.model_dump(), card.id, self._rayline))
+
+    async def models(self):
+        listed = await super().models()
+        listed.data.extend(ModelCard.model_validate(c) for c in await self._adapter_cards())
+        return listed
+
+    def _get_configured_serve_handle(self, model_id: str):
+        # An adapter goes to the base's engine replicas as the base does (any replica answers it), not through
+        # Serve's multiplexed routing, which would have Ray load it from a LoRA path of its own.
+        return super()._get_configured_serve_handle(self._model_id if self._is_adapter(model_id) else model_id)
 
     async def _get_model_id(self, model: Optional[str]) -> str:
         # The parent raises FastAPI's HTTPException, which renders as {"detail": ...}; clients of an
@@ -207,6 +242,24 @@ class RaylineIngress(OpenAiIngress):
                 message=f"{e.detail} Available models: {', '.join(sorted(self._model_cards))}.",
                 type="invalid_request_error",
             ) from None
+
+
+def openai_ingress_app(llm_config, engine, options: dict[str, Any], **ingress_kwargs):
+    """Ray's `build_openai_app` layout around `engine`, an engine deployment built by the caller: the RaylineIngress
+    deployment wired as Ray's builder wires its ingress (its default options merged with `options` the same way),
+    bound with `ingress_kwargs`. Ray's builder builds the engine deployment itself, as a plain LLMServer with no
+    bind arguments; rayline's engine replicas are RaylineServer, which needs them (the pinned version, the adapter
+    settings)."""
+    from ray import serve
+    from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
+    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
+    from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
+
+    merged = maybe_apply_llm_deployment_config_defaults(RaylineIngress.get_deployment_options([llm_config]), options)
+    model_id = llm_config.model_id
+    return serve.deployment(make_fastapi_ingress(RaylineIngress), **merged).bind(
+        llm_deployments={model_id: engine}, model_cards={model_id: to_model_metadata(model_id, llm_config)},
+        **ingress_kwargs)
 
 
 def keep_requested_executor_backend() -> None:

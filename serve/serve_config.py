@@ -132,7 +132,8 @@ class Config:
     """Who serves the OpenAI routes. `engine`: each engine replica serves vLLM's own OpenAI app (Serve's proxy ->
     the replica -> its engine; what Ray's direct streaming builds, without HAProxy): one hop and one process per
     token fewer. `deployment`: Ray's `build_openai_app` layout, a separate OpenAI ingress deployment that calls
-    the engine replicas through handles (needed for several models or LoRA routing in one app)."""
+    the engine replicas through handles; the ingress scales apart from the engines (`ingress_replicas`). Adapters
+    and canaries work in both."""
     node_labels: dict[str, str] = field(default_factory=dict)
     """Ray node labels the engine replicas must land on, in Ray's label-selector syntax (`value`, `!value`,
     `in(a,b)`, `!in(a,b)`), e.g. `{"rayline.io/node": "in(worker-1,worker-2)"}` on the local stack or a KubeRay
@@ -167,7 +168,7 @@ class Config:
     model_cache_dir: str = ""
     """Where MLflow-artifact checkpoints are downloaded; "" = ~/.cache/rayline/models."""
     lora: LoraServingConfig = field(default_factory=LoraServingConfig)
-    """LoRA adapters of the base served by the same replicas (ingress: engine)."""
+    """LoRA adapters of the base served by the same engine replicas (either ingress)."""
 
     def __post_init__(self) -> None:
         require(bool(self.app_name.strip()), "app_name", "must not be empty")
@@ -183,8 +184,6 @@ class Config:
         require(0 <= self.http_port < 65536, "http_port", f"must be a TCP port or 0, got {self.http_port}")
         require(self.health_check_period_s > 0 and self.health_check_timeout_s > 0, "health_check_period_s",
                 "health check period and timeout must be > 0")
-        require(not self.lora.slots or self.ingress == "engine", "lora",
-                "adapters are served with ingress: engine (the replica's own OpenAI app)")
         require(":" not in self.served_model_id or not self.lora.slots, "served_model_id",
                 "must not contain ':' when adapters are served (clients send `<served_model_id>:<adapter>`)")
 

@@ -134,7 +134,6 @@ def test_adapters_go_in_the_engine_deployment_s_user_config(cfg):
     ({"adapters": {"a b": "models:/x/1"}}, {}, "lora.adapters.a b"),
     ({"adapters": {"a": "models:/x/1", "b": "models:/x/2"}, "max_adapters": 1}, {}, "lora.max_adapters"),
     ({"max_lora_rank": 4, "max_adapters": 1}, {}, "lora.max_lora_rank"),
-    ({"adapters": {"a": "models:/x/1"}}, {"ingress": "deployment"}, "lora"),
 ])
 def test_lora_config_errors_name_the_field(lora, extra, field):
     with pytest.raises(ConfigError, match=re.escape(field)):

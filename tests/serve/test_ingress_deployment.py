@@ -3,7 +3,9 @@ deployed with `python -m pipelines.serve` on the test stack. The ingress names t
 answers unknown models OpenAI's way, and its replicas run the canary split (serve/canary_split.py) that a canary
 rollout sets in their `user_config` (serve/app.py `routes_deployment_name`). The challenger here is the session's
 engine-layout app (tests/serve/conftest.py `served`), another version of another registered model, so each answer's
-`system_fingerprint` says which side gave it.
+`system_fingerprint` says which side gave it. The engine replicas behind the ingress serve LoRA adapters as in the
+engine layout (RaylineServer's adapter set): the ingress routes `rayline:<name>` to them, lists each with its
+version, and a promotion swaps one in place.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from serve.canary import with_canary
 from serve.canary_split import ROUTE_HEADER, STATS_PATH
 from serve.deploy_target import LocalServe
 from serve.serve_config import Config as ServeConfig
-from tests.serve.serving import deploy, register_fresh, serve_config_dict
+from tests.serve.lora_adapters import write_adapter
+from tests.serve.serving import deploy, openai_client, register_fresh, serve_config_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 APP, PREFIX, MODEL = "rayline-test-ingress", "/ingress-test", "rayline-ingress-test"
+ADAPTERS = "rayline-ingress-adapter-test"
 
 
 def post_chat(base_url: str, user: str, headers: dict[str, str] | None = None) -> tuple[str, str]:
@@ -54,15 +58,22 @@ def post(url: str, body: dict | None) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def ingress_app(local_stack, tiny_model_dir):
+def ingress_app(local_stack, tiny_model_dir, tmp_path_factory):
+    """The app with its base and two adapters: `a` (adapter version 1, `champion`) and `b` (version 2); version 3
+    (another `a`) is waiting."""
     (version,) = register_fresh(MODEL, [(str(tiny_model_dir), {})])
     registry.set_alias(MODEL, "champion", version)
-    cfg = {**serve_config_dict(APP, PREFIX, MODEL), "ingress": "deployment"}
+    root = tmp_path_factory.mktemp("ingress-adapters")
+    tags = {registry.TAG_BASE_MODEL: f"models:/{MODEL}/{version}", registry.TAG_ADAPTER: "lora"}
+    register_fresh(ADAPTERS, [(str(write_adapter(tiny_model_dir, root / f"v{seed}", seed)), tags) for seed in (1, 2, 3)])
+    registry.set_alias(ADAPTERS, "champion", "1")
+    cfg = {**serve_config_dict(APP, PREFIX, MODEL), "ingress": "deployment",
+           "lora": {"adapters": {"a": f"models:/{ADAPTERS}@champion", "b": f"models:/{ADAPTERS}/2"}, "max_lora_rank": 8}}
     target = LocalServe(APP)
     try:
         deploy(cfg)
         root = f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}"
-        yield {"cfg": from_dict(ServeConfig, cfg, "test"), "target": target, "root": root, "base_url": f"{root}/v1",
+        yield {"cfg": from_dict(ServeConfig, cfg, "test"), "target": target, "cfg_dict": cfg, "root": root, "base_url": f"{root}/v1",
                "version": version, "label": f"{MODEL}/{version}"}
     finally:
         target.delete()
@@ -74,7 +85,7 @@ def test_the_ingress_names_the_served_version_and_answers_unknown_models_with_a_
     assert routes_deployment_name(ingress_app["cfg"]) == INGRESS_DEPLOYMENT
     status, body = get(ingress_app["base_url"] + "/models")
     assert status == 200, body
-    (card,) = body["data"]
+    card = next(c for c in body["data"] if c["id"] == "rayline")
     stamp = card["metadata"]["rayline"]
     assert card["id"] == "rayline" and (stamp["name"], stamp["version"], stamp["label"]) == (
         MODEL, ingress_app["version"], ingress_app["label"]), card
@@ -126,3 +137,50 @@ def test_the_ingress_replicas_split_and_shadow_to_the_challenger(ingress_app, se
     finally:
         set_canary(ingress_app, None)
     assert post_chat(ingress_app["base_url"], "after") == (own, "")
+
+
+def test_the_ingress_routes_each_adapter_and_lists_it_with_its_version(ingress_app):
+    """The engine replicas (RaylineServer) serve the adapters; the ingress routes `rayline:<name>` to them as it
+    routes the base, lists each adapter with its version, and an unknown adapter gets a 404."""
+    client = openai_client(ingress_app["base_url"])
+    prompts = ["What is 3 + 4?", "Is 9 even or odd?", "Name a fruit.", "What is 12 - 5?"]
+    answers = {}
+    for model, answered_by in (("rayline", "rayline"), ("rayline:a", f"rayline:a@{ADAPTERS}/1"),
+                               ("rayline:b", f"rayline:b@{ADAPTERS}/2")):
+        replies = [client.chat.completions.create(model=model, messages=[{"role": "user", "content": p}],
+                                                  max_tokens=8, temperature=0) for p in prompts]
+        assert {r.model for r in replies} == {answered_by}, [r.model for r in replies]
+        answers[model] = [r.choices[0].message.content for r in replies]
+    for one, other in (("rayline", "rayline:a"), ("rayline", "rayline:b"), ("rayline:a", "rayline:b")):
+        assert sum(x != y for x, y in zip(answers[one], answers[other])) >= 2, (one, other, answers)
+
+    cards = {m.id: m.model_extra["metadata"]["rayline"] for m in client.models.list().data}
+    assert set(cards) == {"rayline", "rayline:a", "rayline:b"}, cards
+    assert (cards["rayline:a"]["label"], cards["rayline:a"]["adapter"]) == (f"{ADAPTERS}/1", True)
+    assert cards["rayline"]["label"] == ingress_app["label"]
+    one = client.models.retrieve("rayline:b")
+    assert one.id == "rayline:b" and one.model_extra["metadata"]["rayline"]["label"] == f"{ADAPTERS}/2"
+    status, body = post(ingress_app["base_url"] + "/chat/completions",
+                        {"model": "rayline:nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert status == 404 and "rayline:nope" in body["error"]["message"], body
+
+
+def test_an_adapter_promoted_behind_the_ingress_swaps_in_place(ingress_app):
+    """`champion` on adapter version 3: the rollout sets the new set in the engine deployment's user_config and
+    verifies through the ingress; the engine replica stays, and `rayline:a` answers with version 3."""
+    from serve.rollout import DEPLOYED, Rollout
+    from serve.rollout_config import Config as RolloutConfig
+
+    target = ingress_app["target"]
+    replicas = {r["replica_id"] for r in target.replicas() if r["state"] == "RUNNING"}
+    rollout = Rollout(from_dict(RolloutConfig, {"adapter": "a", "alias": "champion", "gate": {"min_metrics": {}},
+                                                "smoke_timeout_s": 60, "deploy_timeout_s": 120}),
+                      serve_cfg=ingress_app["cfg"], target=target)
+    registry.set_alias(ADAPTERS, "champion", "3")
+    result = rollout.once("test")
+    assert result.status == DEPLOYED and (result.version, result.previous_version) == ("3", "1"), result.line()
+    client = openai_client(ingress_app["base_url"])
+    ask = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
+    assert client.chat.completions.create(model="rayline:a", **ask).model == f"rayline:a@{ADAPTERS}/3"
+    assert client.chat.completions.create(model="rayline:b", **ask).model == f"rayline:b@{ADAPTERS}/2"
+    assert {r["replica_id"] for r in target.replicas() if r["state"] == "RUNNING"} == replicas
