@@ -24,8 +24,8 @@ from serve.canary import with_canary
 from serve.canary_split import ROUTE_HEADER, STATS_PATH
 from serve.deploy_target import LocalServe
 from serve.serve_config import Config as ServeConfig
-from tests.serve.lora_adapters import write_adapter
-from tests.serve.serving import deploy, openai_client, register_fresh, serve_config_dict
+from tests.serve.lora_adapters import register_base_with_adapters
+from tests.serve.serving import deploy, openai_client, serve_config_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -61,14 +61,8 @@ def post(url: str, body: dict | None) -> tuple[int, dict]:
 def ingress_app(local_stack, tiny_model_dir, tmp_path_factory):
     """The app with its base and two adapters: `a` (adapter version 1, `champion`) and `b` (version 2); version 3
     (another `a`) is waiting."""
-    (version,) = register_fresh(MODEL, [(str(tiny_model_dir), {})])
-    registry.set_alias(MODEL, "champion", version)
-    root = tmp_path_factory.mktemp("ingress-adapters")
-    tags = {registry.TAG_BASE_MODEL: f"models:/{MODEL}/{version}", registry.TAG_ADAPTER: "lora"}
-    register_fresh(ADAPTERS, [(str(write_adapter(tiny_model_dir, root / f"v{seed}", seed)), tags) for seed in (1, 2, 3)])
-    registry.set_alias(ADAPTERS, "champion", "1")
-    cfg = {**serve_config_dict(APP, PREFIX, MODEL), "ingress": "deployment",
-           "lora": {"adapters": {"a": f"models:/{ADAPTERS}@champion", "b": f"models:/{ADAPTERS}/2"}, "max_lora_rank": 8}}
+    version, lora = register_base_with_adapters(MODEL, ADAPTERS, tiny_model_dir, tmp_path_factory.mktemp("adapters"))
+    cfg = {**serve_config_dict(APP, PREFIX, MODEL), "ingress": "deployment", "lora": lora}
     target = LocalServe(APP)
     try:
         deploy(cfg)

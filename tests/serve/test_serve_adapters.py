@@ -24,8 +24,8 @@ from serve.app import render_serve_config, resolve_served_adapters, resolve_serv
 from serve.deploy_target import LocalServe
 from serve.serve_config import Config as ServeConfig
 from serve.verify import wait_until_answering
-from tests.serve.lora_adapters import write_adapter
-from tests.serve.serving import openai_client, register_fresh, serve_config_dict
+from tests.serve.lora_adapters import register_base_with_adapters
+from tests.serve.serving import openai_client, serve_config_dict
 
 BASE, ADAPTERS = "rayline-lora-base-test", "rayline-lora-adapter-test"
 APP, PREFIX = "rayline-test-lora", "/lora-test"
@@ -39,14 +39,9 @@ def app(local_stack, tiny_model_dir, tmp_path_factory):
     model, as in `serveConfigV2`), so the cluster resolves the base's alias when it builds the app and each
     replica resolves `a`'s alias itself (serve/served_adapters.py). `pipelines.serve`, which pins both before it
     deploys, deploys the demo's adapter app (tests/pipelines/test_demo.py)."""
-    (base_version,) = register_fresh(BASE, [(str(tiny_model_dir), {})])
-    registry.set_alias(BASE, "champion", base_version)
-    root = tmp_path_factory.mktemp("served-adapters")
-    tags = {registry.TAG_BASE_MODEL: f"models:/{BASE}/{base_version}", registry.TAG_ADAPTER: "lora"}
-    register_fresh(ADAPTERS, [(str(write_adapter(tiny_model_dir, root / f"v{seed}", seed)), tags) for seed in (1, 2, 3)])
-    registry.set_alias(ADAPTERS, "champion", "1")
-    cfg = {**serve_config_dict(APP, PREFIX, BASE),
-           "lora": {"adapters": {"a": f"models:/{ADAPTERS}@champion", "b": f"models:/{ADAPTERS}/2"}, "max_lora_rank": 8}}
+    base_version, lora = register_base_with_adapters(BASE, ADAPTERS, tiny_model_dir,
+                                                     tmp_path_factory.mktemp("served-adapters"))
+    cfg = {**serve_config_dict(APP, PREFIX, BASE), "lora": lora}
     serve_cfg = from_dict(ServeConfig, cfg)
     target = LocalServe(APP)
     try:
