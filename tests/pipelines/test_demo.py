@@ -104,12 +104,13 @@ def test_tune_search_runs_asha_trials_as_child_runs_and_registers_the_best(demo)
 
 def test_the_fine_tuned_model_and_the_adapter_visibly_learned(demo):
     """The demo's base knows the facts but not the chat format (pipelines/tiny_pretrain.py). Sized as the demo is
-    (pipelines/demo.py final_overrides), the fine-tuned model answers at least half of the eval questions and the
-    chat question rightly. The adapter learns too, well above the base, but slower than a full fine-tune: its score
-    (0.49-0.62 in runs on 2026-12-03) is not held to 0.5, and its chat answer is shown, not required to be right."""
+    (pipelines/demo.py final_overrides, lora_overrides), the fine-tuned model and the adapter each answer at least
+    half of the eval questions, and the fine-tuned model the chat question rightly. Since the base is pretrained the
+    runs gave base 0.00-0.03, fine-tuned 0.77-0.78 and adapter 0.70-0.72 in every run (2026-12-04/05); the adapter's
+    chat answer is shown, not required to be right (it was "7" in each of them)."""
     _, result = demo
     scores = result.exact_match
-    assert scores["fine-tuned"] >= 0.5 and scores["adapter"] >= scores["base"] + 0.25, scores
+    assert scores["fine-tuned"] >= 0.5 and scores["adapter"] >= 0.5 and scores["base"] < 0.25, scores
     assert (result.question, result.answer.strip()) == QUESTION, result
     assert result.adapter_answer.strip().isdigit(), result  # an answer in the sum's own form, not chat noise
 
