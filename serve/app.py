@@ -93,7 +93,7 @@ def engine_deployment_name(cfg: Config) -> str:
     return "LLMServer:" + cfg.served_model_id.replace("/", "--").replace(".", "_")
 
 
-INGRESS_DEPLOYMENT = "RaylineIngress"  # Serve names the ingress deployment after its class (build_openai_app)
+INGRESS_DEPLOYMENT = "RaylineIngress"  # Serve names the ingress deployment after its class (openai_ingress_app)
 
 
 def routes_deployment_name(cfg: Config) -> str:

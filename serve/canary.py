@@ -8,11 +8,12 @@ is judged on live metrics at each step, and becomes champion or is rolled back.
                one replica to start with, scaling on its own load up to the champion's max_replicas
   3. steps     for each share: set `canary` in the `user_config` of the champion deployment that serves the routes
                (the engine replicas, or with `ingress: deployment` the OpenAI ingress replicas; serve/app.py
-               `routes_deployment_name`): they route without restarting (serve/canary_split.py), run the step's window with a quality probe (known answers
-               sent to both sides), then judge the window's live metrics (error ratio, TTFT p50/p99, inter-token
-               latency, probe exact match) against the thresholds in `canary`: every champion replica's, read from
-               Prometheus `canary.metrics_lag_s` after the window (serve/canary_metrics.py), or, without a
-               Prometheus, the stats of the one replica the rollout's request reaches
+               `routes_deployment_name`): they route without restarting (serve/canary_split.py). Run the step's
+               window with a quality probe (known answers sent to both sides), then judge the window's live
+               metrics (error ratio, TTFT p50/p99, inter-token latency, probe exact match) against the thresholds
+               in `canary`: every champion replica's, read from Prometheus `canary.metrics_lag_s` after the window
+               (serve/canary_metrics.py), or, without a Prometheus, the stats of the one replica the rollout's
+               request reaches
   4. promote   every step passed: `champion` moves to the challenger's version, `challenger` is removed, the champion
                app is rolled to it (the plain rollout's deploy and verify) and the challenger app removed
      roll back a step failed (or the challenger never answered): the split is removed, then the challenger app, then

@@ -232,16 +232,14 @@ class RaylineIngress(OpenAiIngress):
         return super()._get_configured_serve_handle(self._model_id if self._is_adapter(model_id) else model_id)
 
     async def _get_model_id(self, model: Optional[str]) -> str:
-        # The parent raises FastAPI's HTTPException, which renders as {"detail": ...}; clients of an
-        # OpenAI API expect {"error": {...}}, which the ingress middleware writes for OpenAIHTTPException.
+        # The parent's 404 names only the base id it could not find; this one also names the models there are.
         try:
             return await super()._get_model_id(model)
         except HTTPException as e:
             raise OpenAIHTTPException(
                 status_code=e.status_code,
                 message=f"{e.detail} Available models: {', '.join(sorted(self._model_cards))}.",
-                type="invalid_request_error",
-            ) from None
+            ) from None  # Ray's error handler names the type after the exception class, whatever `type` says
 
 
 def openai_ingress_app(llm_config, engine, options: dict[str, Any], **ingress_kwargs):
