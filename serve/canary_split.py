@@ -1,11 +1,12 @@
 """The champion replica's side of a canary: which requests the challenger answers, and what each side's answers cost.
 
 A canary rollout (serve/canary.py) deploys the challenger as an app of its own beside the champion's and then sets
-`canary` in the champion engine deployment's `user_config` (Serve hands it to the running replicas, no restart):
+`canary` in the `user_config` of the champion deployment that serves the routes, the engine replicas or (`ingress:
+deployment`) the OpenAI ingress replicas (Serve hands it to the running replicas, no restart):
 
     {"share": 0.25, "mode": "split" | "shadow", "url": "http://127.0.0.1:8000/app-challenger", "sticky_header": ""}
 
-`CanarySplit`, an ASGI middleware in front of vLLM's OpenAI routes on every champion replica, then:
+`CanarySplit`, an ASGI middleware in front of the OpenAI routes on every such champion replica, then:
   split   sends `share` of the completion requests to the challenger (HTTP, streamed through as it comes) and answers
           the rest itself. A request's `sticky_header` (when configured and sent), else its `user`, else its chat's
           opening (leading system messages and the first user message, which every later turn repeats) picks its
