@@ -221,10 +221,11 @@ def build_app(args: dict[str, Any]):
     rayline = {**model.to_args(), "label": model.label}
     server = {"rayline": rayline, "request_metrics": cfg.request_metrics, "model_cache_dir": cfg.model_cache_dir,
               "max_lora_rank": cfg.lora.max_lora_rank}
+    # The engine replicas are RaylineServer either way; with `ingress: engine` they serve the routes themselves.
+    engine = build_llm_deployment(llm, name_prefix="LLMServer:", bind_kwargs=server, deployment_cls=(
+        serve.ingress()(RaylineServer) if cfg.ingress == "engine" else RaylineServer))
     if cfg.ingress == "engine":
-        return build_llm_deployment(llm, name_prefix="LLMServer:", deployment_cls=serve.ingress()(RaylineServer),
-                                    bind_kwargs=server)
-    engine = build_llm_deployment(llm, name_prefix="LLMServer:", deployment_cls=RaylineServer, bind_kwargs=server)
+        return engine
     return openai_ingress_app(llm, engine, {"num_replicas": cfg.ingress_replicas,
                                             "max_surge_percent": cfg.max_surge_percent,
                                             "ray_actor_options": {"num_cpus": cfg.ingress_cpus}},

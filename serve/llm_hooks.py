@@ -119,12 +119,9 @@ class RaylineServer(LLMServer):
         with its version as `metadata.rayline`: what the separate ingress lists (`ingress: deployment`)."""
         if self._adapters is None:
             return []
-        cards = []
-        for name, spec in sorted(self._adapters.served.items()):
-            card = adapter_card({"id": f"{self._adapters.client_name(name)}@{spec['label']}", "object": "model",
-                                 "permission": [], "metadata": {}}, self._adapters)
-            cards.append({k: card[k] for k in ("id", "object", "owned_by", "permission", "metadata")})
-        return cards
+        return [adapter_card({"id": f"{self._adapters.client_name(name)}@{spec['label']}", "object": "model",
+                              "permission": [], "metadata": {}}, self._adapters)
+                for name, spec in sorted(self._adapters.served.items())]
 
     async def __serve_build_asgi_app__(self):
         app = await super().__serve_build_asgi_app__()

@@ -10,11 +10,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +42,17 @@ def serve_config_dict(app: str, prefix: str, model: str) -> dict:
     return {"app_name": app, "route_prefix": prefix, "served_model_id": "rayline",
             "engine": {"model": f"models:/{model}@champion", **TEST_ENGINE},
             "ingress_cpus": 0.05, "graceful_shutdown_timeout_s": 10}
+
+
+def http_json(url: str, body: dict | bytes | None = None) -> tuple[int, dict]:
+    """(status, JSON body) of a GET (no body) or a JSON POST, error statuses included."""
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def free_port() -> int:
@@ -260,8 +274,8 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
                     recover_limit_s: float = 300.0) -> NodeLoss:
     """Deploy the tiny model with `python -m pipelines.serve`, two replicas pinned to worker-1 and worker-2 of the
     stack `cfg` (1-CPU nodes: one replica each); put `streams` loopback streams on it; after `warm_s` lose worker-1
-    (`stack_faults.kill_node`) and bring a fresh one back (`stack.up(parts=["nodes"])`, as KubeRay replaces a pod); wait
-    until two replicas serve again with the lost one gone, keep the load `warm_s` more, and remove the app."""
+    (`stack_faults.kill_node`) and bring a fresh one back (`stack.up(parts=["nodes"])`, as KubeRay replaces a pod);
+    wait until two replicas serve again with the lost one gone, keep the load `warm_s` more, and remove the app."""
     from pipelines import stack, stack_faults
     from serve.deploy_target import LocalServe
 

@@ -20,12 +20,11 @@ import pytest
 from pipelines import registry
 from pipelines.config import from_dict
 from serve.app import INGRESS_DEPLOYMENT, engine_deployment_name, routes_deployment_name
-from serve.canary import with_canary
 from serve.canary_split import ROUTE_HEADER, STATS_PATH
 from serve.deploy_target import LocalServe
 from serve.serve_config import Config as ServeConfig
 from tests.serve.lora_adapters import register_base_with_adapters
-from tests.serve.serving import deploy, openai_client, serve_config_dict
+from tests.serve.serving import SERVED_PREFIX, deploy, http_json, openai_client, serve_config_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -42,21 +41,6 @@ def post_chat(base_url: str, user: str, headers: dict[str, str] | None = None) -
         return json.loads(r.read())["system_fingerprint"], r.headers.get(ROUTE_HEADER, "")
 
 
-def get(url: str) -> tuple[int, dict]:
-    return post(url, None)
-
-
-def post(url: str, body: dict | None) -> tuple[int, dict]:
-    """(status, JSON body) of a GET (body None) or a JSON POST."""
-    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 @pytest.fixture(scope="module")
 def ingress_app(local_stack, tiny_model_dir, tmp_path_factory):
     """The app with its base and two adapters: `a` (adapter version 1, `champion`) and `b` (version 2); version 3
@@ -67,7 +51,7 @@ def ingress_app(local_stack, tiny_model_dir, tmp_path_factory):
     try:
         deploy(cfg)
         root = f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}"
-        yield {"cfg": from_dict(ServeConfig, cfg, "test"), "target": target, "cfg_dict": cfg, "root": root, "base_url": f"{root}/v1",
+        yield {"cfg": from_dict(ServeConfig, cfg, "test"), "target": target, "root": root, "base_url": f"{root}/v1",
                "version": version, "label": f"{MODEL}/{version}"}
     finally:
         target.delete()
@@ -77,7 +61,7 @@ def test_the_ingress_names_the_served_version_and_answers_unknown_models_with_a_
     deployments = {r["deployment"] for r in ingress_app["target"].replicas()}
     assert deployments == {INGRESS_DEPLOYMENT, engine_deployment_name(ingress_app["cfg"])}, deployments
     assert routes_deployment_name(ingress_app["cfg"]) == INGRESS_DEPLOYMENT
-    status, body = get(ingress_app["base_url"] + "/models")
+    status, body = http_json(ingress_app["base_url"] + "/models")
     assert status == 200, body
     card = next(c for c in body["data"] if c["id"] == "rayline")
     stamp = card["metadata"]["rayline"]
@@ -86,50 +70,50 @@ def test_the_ingress_names_the_served_version_and_answers_unknown_models_with_a_
     assert post_chat(ingress_app["base_url"], "u1") == (ingress_app["label"], "")  # no canary: no side named
     # Unknown models: Ray's ingress answers {"error": {...}} with its exception's class as the type; for a completion
     # RaylineIngress names the models there are.
-    status, body = get(ingress_app["base_url"] + "/models/gpt-9")
+    status, body = http_json(ingress_app["base_url"] + "/models/gpt-9")
     assert status == 404 and body["error"]["code"] == 404 and "Unable to find gpt-9" in body["error"]["message"], body
-    status, body = post(ingress_app["base_url"] + "/chat/completions",
-                        {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    status, body = http_json(ingress_app["base_url"] + "/chat/completions",
+                             {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert status == 404 and set(body) == {"error"} and body["error"]["code"] == 404, body
     assert "gpt-9" in body["error"]["message"] and "Available models: rayline." in body["error"]["message"], body
 
 
-def set_canary(ingress_app: dict, canary: dict | None) -> dict:
-    """The canary as a rollout sets it (serve/canary.py `_split`): in the app's config as it runs, on the deployment
-    that serves the routes; returns the config the ingress replica then reports."""
-    target = ingress_app["target"]
-    target.restore(with_canary(target.current(), routes_deployment_name(ingress_app["cfg"]), canary))
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        status, stats = get(f"{ingress_app['root']}{STATS_PATH}?since=0")
-        if status == 200 and (stats["config"] or None) == canary:
-            return stats
-        time.sleep(0.5)
-    raise AssertionError(f"the ingress did not take canary {canary}: {stats}")
+def canary(ingress_app: dict, challenger_prefix: str, mode: str):
+    """The rollout's canary on this app (serve/canary.py), its challenger at `challenger_prefix`; `_split(share)`
+    sets the split on the deployment that serves the routes and returns once the replicas report it."""
+    from serve.canary import Canary
+    from serve.rollout import Rollout
+    from serve.rollout_config import Config as RolloutConfig
+
+    cfg = from_dict(RolloutConfig, {"model": MODEL, "canary": {"steps": [1.0], "mode": mode, "metrics": "replicas",
+                                                               "route_prefix": challenger_prefix}})
+    return Canary(Rollout(cfg, serve_cfg=ingress_app["cfg"], target=ingress_app["target"]))
 
 
 def test_the_ingress_replicas_split_and_shadow_to_the_challenger(ingress_app, served):
-    challenger_root = served["base_url"].removesuffix("/v1")
     own, other = ingress_app["label"], served["label"]
+    split, shadow = canary(ingress_app, SERVED_PREFIX, "split"), canary(ingress_app, SERVED_PREFIX, "shadow")
+    assert split.deployment == INGRESS_DEPLOYMENT
     try:
-        set_canary(ingress_app, {"share": 1.0, "mode": "split", "url": challenger_root, "sticky_header": ""})
-        split = [post_chat(ingress_app["base_url"], f"user-{i}") for i in range(4)]
-        assert split == [(other, "challenger")] * 4, split
+        split._split(1.0)
+        answers = [post_chat(ingress_app["base_url"], f"user-{i}") for i in range(4)]
+        assert answers == [(other, "challenger")] * 4, answers
         # The rollout's quality probe forces a side with the header, whatever the share.
         assert post_chat(ingress_app["base_url"], "probe", {ROUTE_HEADER: "champion"}) == (own, "champion")
 
+        split._split(None)
         since = time.time()
-        set_canary(ingress_app, {"share": 1.0, "mode": "shadow", "url": challenger_root, "sticky_header": ""})
+        shadow._split(1.0)
         shadowed = [post_chat(ingress_app["base_url"], f"user-{i}") for i in range(3)]
         assert [fp for fp, _ in shadowed] == [own] * 3, shadowed  # a client never gets the challenger's answer
         deadline = time.time() + 60
-        while (sides := get(f"{ingress_app['root']}{STATS_PATH}?since={since}")[1]["sides"])["challenger"][
+        while (sides := http_json(f"{ingress_app['root']}{STATS_PATH}?since={since}")[1]["sides"])["challenger"][
                 "shadow"] < 3 and time.time() < deadline:
             time.sleep(0.5)  # the copies are sent after the answer
         assert sides["challenger"]["shadow"] == 3 and sides["challenger"]["errors"] == 0, sides
         assert sides["champion"]["requests"] == 3, sides
     finally:
-        set_canary(ingress_app, None)
+        split._split(None)
     assert post_chat(ingress_app["base_url"], "after") == (own, "")
 
 
@@ -154,8 +138,8 @@ def test_the_ingress_routes_each_adapter_and_lists_it_with_its_version(ingress_a
     assert cards["rayline"]["label"] == ingress_app["label"]
     one = client.models.retrieve("rayline:b")
     assert one.id == "rayline:b" and one.model_extra["metadata"]["rayline"]["label"] == f"{ADAPTERS}/2"
-    status, body = post(ingress_app["base_url"] + "/chat/completions",
-                        {"model": "rayline:nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    status, body = http_json(ingress_app["base_url"] + "/chat/completions", {
+        "model": "rayline:nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert status == 404 and "rayline:nope" in body["error"]["message"], body
 
 

@@ -7,22 +7,10 @@ there. The executor test runs Ray's own engine-config class, without an engine.
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
 
 from serve.llm_hooks import stamp_version
-from tests.serve.serving import SERVED_MODEL
-
-
-def get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+from tests.serve.serving import SERVED_MODEL, http_json
 
 
 def expected_stamp(served: dict) -> dict:
@@ -34,7 +22,7 @@ def expected_stamp(served: dict) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the session's app may start in this test's setup
 def test_vllm_model_list_carries_the_served_version(served):
-    status, body = get(served["base_url"] + "/models")
+    status, body = http_json(served["base_url"] + "/models")
     assert status == 200 and body["object"] == "list", body
     (card,) = body["data"]
     assert card["id"] == "rayline" and card["object"] == "model" and card["owned_by"] == "rayline"
@@ -46,10 +34,10 @@ def test_vllm_model_list_carries_the_served_version(served):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_retrieve_route_carries_the_version_and_unknown_models_get_an_openai_404(served):
-    status, card = get(served["base_url"] + "/models/rayline")
+    status, card = http_json(served["base_url"] + "/models/rayline")
     assert status == 200 and card["id"] == "rayline", card
     assert card["metadata"]["rayline"].items() >= expected_stamp(served).items()
-    status, body = get(served["base_url"] + "/models/gpt-9")
+    status, body = http_json(served["base_url"] + "/models/gpt-9")
     assert status == 404
     assert body == {"error": {"message": "Unknown model: gpt-9", "type": "invalid_request_error", "code": 404}}
 

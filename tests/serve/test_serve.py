@@ -17,7 +17,7 @@ import pytest
 
 from pipelines import registry
 from serve.app import served_model_of
-from tests.serve.serving import SERVED_MODEL, SERVED_PREFIX
+from tests.serve.serving import SERVED_MODEL, SERVED_PREFIX, http_json
 
 # The app starts in the first test's setup, which pytest-timeout counts against that test.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -51,15 +51,6 @@ def test_streaming_completions_and_chat(served, client):
     assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].system_fingerprint == served["label"]
 
 
-def raw_post(base_url: str, path: str, body: bytes) -> tuple[int, dict]:
-    req = urllib.request.Request(base_url + path, data=body, method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 # case -> (route, body, status, error type, what the message must name). vLLM's error body is OpenAI's shape,
 # {"error": {"message", "type", "param", "code"}}, with its own type names and the status as `code`.
 BAD_REQUESTS = {
@@ -87,7 +78,7 @@ BAD_REQUESTS = {
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
 def test_bad_requests_get_openai_style_errors(served, case):
     path, body, code, err_type, names = BAD_REQUESTS[case]
-    status, reply = raw_post(served["base_url"], path, body)
+    status, reply = http_json(served["base_url"] + path, body)
     assert status == code, reply
     assert set(reply) == {"error"} and set(reply["error"]) >= {"message", "type", "param", "code"}, reply
     err = reply["error"]
