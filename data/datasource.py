@@ -6,7 +6,7 @@ the driver's MLflow and transformers imports.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import pyarrow as pa
 from ray.data.block import BlockMetadata
@@ -18,16 +18,20 @@ from pipelines import storage
 
 class LinesDatasource(Datasource):
     """Ray Data datasource over the input files: raw lines (see `data.sources.read_lines`), one read task
-    per file or part of a big one, or per group of small files, each giving one block. A `transform`
+    per file or part of a big one, or per group of small files. A `transform`
     runs on every block inside the read task (the stage's per-record work, fused with the read so no
-    block crosses processes before it is done); `schema` is then the schema it returns."""
+    block crosses processes before it is done). A `sink` then takes the task's transformed blocks as they
+    are made and returns the task's one block (the stage writes them to its shuffle files and returns
+    where they went); without one, the task yields its blocks. `schema` is what the task returns."""
 
     def __init__(self, parts: list[FilePart], block_rows: int = 8192,
-                 transform: Callable[[pa.Table], pa.Table] | None = None, schema: pa.Schema = LINES_SCHEMA):
+                 transform: Callable[[pa.Table], pa.Table] | None = None,
+                 sink: Callable[[Iterator[pa.Table]], pa.Table] | None = None, schema: pa.Schema = LINES_SCHEMA):
         super().__init__()
         self.parts = parts
         self.block_rows = block_rows
         self.transform = transform
+        self.sink = sink
         self.schema = schema
 
     def estimate_inmemory_data_size(self) -> int:
@@ -44,11 +48,12 @@ class LinesDatasource(Datasource):
             meta = BlockMetadata(num_rows=None, size_bytes=sum(f.size for f in group), exec_stats=None,
                                  input_files=sorted({f.file.uri for f in group}))
 
-            def read(group=group, block_rows=self.block_rows, transform=self.transform):
-                # One block per task: a shuffle downstream moves (blocks in) x (blocks out) pieces.
-                blocks = [transform(b) if transform else b for f in group for b in read_lines(f, block_rows)]
-                if blocks:
-                    yield pa.concat_tables(blocks)
+            def read(group=group, block_rows=self.block_rows, transform=self.transform, sink=self.sink):
+                blocks = (transform(b) if transform else b for f in group for b in read_lines(f, block_rows))
+                if sink:
+                    yield sink(blocks)
+                else:
+                    yield from blocks
 
             tasks.append(ReadTask(read, meta, schema=self.schema, per_task_row_limit=per_task_row_limit))
         return tasks

@@ -2,30 +2,29 @@
 
     python -m pipelines.prepare_data --config configs/data/sample.yaml [key=value ...]
 
-On Ray Data, streaming: read raw lines -> validate, clean, render with the chat template and hash
-(fused with the reads) -> sort-shuffle by content hash into one block per shard -> per shard: exact dedup, seeded order,
-tokenize, pack, train/eval files and rejects -> a small stats row per shard back to the driver, which
-writes `manifest.json` last. A version whose manifest exists is returned as it is.
+On Ray, streaming: read raw lines (Ray Data) -> validate, clean, render with the chat template and hash (fused with
+the reads) -> shuffle by content hash through storage, one file per read task and shard (`data.shuffle`) -> per
+shard, one task: exact dedup, seeded order, tokenize, pack, train/eval files and rejects -> a small stats dict per
+shard back to the driver, which writes `manifest.json` last. A version whose manifest exists is returned as it is.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import time
 from dataclasses import dataclass, field
 
 import ray
-from ray.data.context import ShuffleStrategy
 
 from data import manifest as mf
 from data import tracking
 from data.config import Config, content_config_hash, shard_count
 from data.datasource import LinesDatasource
-from data.examples import EVAL, EXAMPLE_SCHEMA, TRAIN, ExamplePlan, to_examples
+from data.examples import EVAL, TRAIN, ExamplePlan, to_examples
 from data.prepared import load_manifest
 from data.records import RecordRules
-from data.shards import ShardPlan, build_shard_row
+from data.shards import ShardPlan, build_shard_files
+from data.shuffle import FILES_SCHEMA, shuffle_uri, write_partitions
 from data.sources import FilePart, SourceFile, discover, scan_file, split_file
 from data.template import ChatRenderer, TemplateSpec
 from data.tokens import (
@@ -86,36 +85,31 @@ def _template_spec(cfg: Config, tok) -> TemplateSpec:
 
 def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePlan,
                  shard_plan: ShardPlan) -> list[dict]:
-    """Run the stage on Ray Data; returns the stats of every shard (see `data.shards.build_shard`).
+    """Run the stage on Ray; returns the stats of every shard (see `data.shards.build_shard`).
 
-    One execution, all tasks: the read tasks validate, clean, render and hash their lines as they read them
-    (`to_examples`, fused into the datasource), a sort-based shuffle puts the rows of each `part` (content
-    hash modulo num_shards, so every copy of an example meets in one part) in a block of its own, and
-    one task per block dedups, tokenizes, packs and writes that shard. Tasks hold a CPU only while they
-    run, so nothing can sit on every CPU and starve the reads (the deadlock an actor pool risks on a 2-CPU
-    machine), and a task-based shuffle starts no aggregator actors: on a small machine those cost more
-    than the shuffle itself.
+    Two phases of Ray tasks. Reads (Ray Data, about one task per `part_bytes` of input): each task validates,
+    cleans, renders and hashes its lines block by block (`to_examples`, fused into the datasource) and streams
+    the examples into one shuffle file per shard (`data.shuffle`; shard = content hash modulo num_shards, so
+    every copy of an example meets in one shard). Then one task per shard reads its files, dedups, tokenizes,
+    packs and writes that shard. Tasks hold a CPU only while they run, so nothing can sit on every CPU and
+    starve the reads (the deadlock an actor pool risks on a 2-CPU machine), and no phase holds more than a
+    block per read task or a shard per shard task in memory, however large the input.
     """
-    # About one read task per `part_bytes` of input (small files grouped, big ones already cut).
+    # About one read task per `part_bytes` of input (small files grouped, big ones already cut): Ray Data
+    # would otherwise cut the reads into 200.
     read_tasks = min(len(parts), max(1, -(-sum(p.size for p in parts) // part_bytes)))
-    lines = LinesDatasource(parts, transform=functools.partial(to_examples, plan=example_plan), schema=EXAMPLE_SCHEMA)
-    context = ray.data.DataContext.get_current()
-    saved = context.shuffle_strategy
-    context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    lines = LinesDatasource(parts, transform=functools.partial(to_examples, plan=example_plan),
+                            sink=functools.partial(write_partitions, version_uri=shard_plan.version_uri),
+                            schema=FILES_SCHEMA)
+    written = ray.data.read_datasource(lines, override_num_blocks=read_tasks).take_all()
+    files: dict[int, list[str]] = {}
+    for row in sorted(written, key=lambda r: r["uri"]):
+        files.setdefault(row["part"], []).append(row["uri"])
+    build = ray.remote(build_shard_files).options(num_cpus=shard_plan.tokenizer_threads)
     try:
-        # A sort shuffle moves (blocks in) x (blocks out) pieces: one block per read task, and no more
-        # tasks than there are parts of `part_bytes` (Ray Data would otherwise cut the reads into 200).
-        # Fixed boundaries give exactly one block per shard; `map_groups` would sample them, and two
-        # shards sharing a block share a task while a CPU idles.
-        built = (
-            ray.data.read_datasource(lines, override_num_blocks=read_tasks)
-            .sort("part", boundaries=list(range(1, shard_plan.num_shards)))
-            .map_batches(build_shard_row, batch_size=None, batch_format="pyarrow", fn_kwargs={"plan": shard_plan},
-                         num_cpus=shard_plan.tokenizer_threads)
-        )
-        return [json.loads(row["stats"]) for row in built.iter_rows()]
+        return ray.get([build.remote(uris, shard_plan) for _, uris in sorted(files.items())])
     finally:
-        context.shuffle_strategy = saved
+        storage.delete_tree(shuffle_uri(shard_plan.version_uri))
 
 
 def record_metrics(cfg: Config, manifest: dict, wall_s: float) -> None:

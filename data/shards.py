@@ -1,6 +1,6 @@
 """One shard of examples -> its Parquet files and rejects file, plus the counts the manifest adds up.
 
-A shard is one partition of the hash shuffle on content, so every copy of an example is in the same
+A shard is one partition of the hash shuffle on content (`data.shuffle`), so every copy of an example is in the same
 shard. This is the second half of the stage, run once per shard: exact dedup, the deterministic
 shuffle order, tokenizing, the too_long policy, packing (or padding), and writing
     <version>/train/part-<shard>.parquet, <version>/eval/part-<shard>.parquet, <version>/rejects/part-<shard>.jsonl
@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from data.examples import EVAL, TRAIN
 from data.packing import IGNORE, PackedRows, pack_sequences, pad_sequences
 from data.prepared import COLUMNS, ROW_SCHEMA
+from data.shuffle import read_partition
 from data.tokens import byte_lengths, encode_with_labels, load_backend, set_thread_count
 from pipelines import storage
 
@@ -165,11 +166,8 @@ def _backend(backend_json: str, threads: int):
     return backend, byte_lengths(backend)
 
 
-def build_shard_row(block: pa.Table, plan: ShardPlan) -> pa.Table:
-    """Ray Data `map_batches` function: one block (a whole shard) -> one row holding its stats as JSON;
-    no row for an empty block."""
-    if not block.num_rows:
-        return pa.table({"stats": pa.array([], pa.string())})
+def build_shard_files(uris: list[str], plan: ShardPlan) -> dict:
+    """The shard task: one shard's shuffle files (`data.shuffle`) -> its stats."""
+    group = read_partition(uris)
     backend, token_bytes = _backend(plan.backend_json, plan.tokenizer_threads)
-    stats = build_shard(block, backend, plan, token_bytes)
-    return pa.table({"stats": [json.dumps(stats)]})
+    return build_shard(group, backend, plan, token_bytes)

@@ -5,6 +5,7 @@ every packed segment is decoded and compared with the records that went in.
 """
 
 import json
+import os
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -98,6 +99,8 @@ def test_local_end_to_end(ray_session, local_stack, sample_corpus_dir, tiny_mode
     m = load_manifest(result.version_uri)
     assert m == load_manifest(result.manifest_uri) == result.manifest and not result.skipped
     assert m["version"] == result.version and result.manifest_uri == str(tmp_path / "prepared" / result.version / "manifest.json")
+    # What a version holds, and nothing else: the shuffle's files (data/shuffle.py) are gone.
+    assert sorted(os.listdir(result.version_uri)) == ["eval", "manifest.json", "rejects", "train"]
 
     # Counts: everything read is accounted for, each malformed record under its own reason.
     c = m["counts"]
@@ -149,6 +152,7 @@ def test_s3_end_to_end(ray_session, s3_bucket, sample_corpus_dir, tiny_model_dir
     assert result.counts["rejected_by_reason"] == MALFORMED_REASONS
     files = storage.list_files(f"{root}/prepared/{result.version}")
     assert "manifest.json" in files and any(f.startswith("train/") and f.endswith(".parquet") for f in files)
+    assert {f.split("/")[0] for f in files} == {"eval", "manifest.json", "rejects", "train"}  # no shuffle files left
     assert any(f.startswith("rejects/") for f in files)
     m = load_manifest(f"{root}/prepared/{result.version}")
     assert m["splits"]["train"]["path"] == f"{root}/prepared/{result.version}/train"
