@@ -1,6 +1,5 @@
 """rayline's metrics (pipelines/metrics.py) through Ray's metrics API into the stack's real Prometheus."""
 
-import json
 import subprocess
 import sys
 import uuid
@@ -56,19 +55,3 @@ def test_a_driver_records_and_prometheus_scrapes_it(local_stack):
     assert [(s["metric"]["outcome"], float(s["value"][1])) for s in got] == [("rejected", 2.0)]
     loss = prometheus.wait_for(url, f'max_over_time(ray_rayline_train_loss{{run="{run}"}}[5m])', timeout_s=30)
     assert float(loss[0]["value"][1]) == 1.25
-
-
-def test_a_gauge_stays_exported_while_its_process_lives(local_stack):
-    """Ray drops a gauge ~20 s after it was last set; rayline's gauges are re-set while their process lives."""
-    run = uuid.uuid4().hex[:8]
-    agent = f"http://127.0.0.1:{local_stack.metrics_export_port}/metrics"
-    code = ("import json, time, urllib.request\nfrom pipelines import metrics\nfrom pipelines.ray_cluster import init_ray\n"
-            f"init_ray()\nmetrics.gauge('rayline_train_step', 7, run='{run}', model='m')\nseen = []\n"
-            "for _ in range(2):\n"
-            "    time.sleep(15)\n"
-            f"    seen.append('run=\"{run}\"' in urllib.request.urlopen('{agent}').read().decode())\n"
-            "print(json.dumps(seen))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert all(seen), seen  # exported at 15 s, still there 30 s after it was set once (Ray alone drops it at ~20-25 s)

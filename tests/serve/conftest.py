@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -21,7 +22,8 @@ from tests.serve.serving import (SERVED_APP, SERVED_MODEL, SERVED_PREFIX, openai
 
 @pytest.fixture(scope="session")
 def served(local_stack, tiny_model_dir, tmp_path_factory):
-    """{version, label, target, base_url} of the deployed app."""
+    """{version, label, target, base_url, ready_at} of the deployed app (`ready_at`: when the deploy returned, the
+    replica having set its served-version gauge before)."""
     (version,) = register_fresh(SERVED_MODEL, [(str(tiny_model_dir), {"eval.exact_match": "0.6"})])
     registry.set_alias(SERVED_MODEL, "champion", version)
     cfg_file = tmp_path_factory.mktemp("serve-config") / "serve.yaml"
@@ -33,7 +35,7 @@ def served(local_stack, tiny_model_dir, tmp_path_factory):
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"serving {SERVED_MODEL}/{version} as 'rayline'" in out.stdout
         yield {"version": version, "label": f"{SERVED_MODEL}/{version}", "target": target,
-               "base_url": f"http://127.0.0.1:{local_stack.serve_port}{SERVED_PREFIX}/v1"}
+               "base_url": f"http://127.0.0.1:{local_stack.serve_port}{SERVED_PREFIX}/v1", "ready_at": time.time()}
     finally:
         target.delete()
 

@@ -110,7 +110,9 @@ def test_the_deployed_app_is_the_rendered_serve_config(served):
 
 
 def test_responses_are_counted_by_version_and_status_in_prometheus(served, client, local_stack):
-    """The replica's own counts, through Ray's metrics agent and the stack's real Prometheus."""
+    """The replica's own counts, through Ray's metrics agent and the stack's real Prometheus; and its served-version
+    gauge, set once when the replica started, still exported well after Ray alone would have dropped it (~20-25 s
+    after a gauge was last set): rayline's gauges are re-set while their process lives (pipelines/metrics.py)."""
     import time
 
     from pipelines import prometheus
@@ -124,6 +126,9 @@ def test_responses_are_counted_by_version_and_status_in_prometheus(served, clien
         got = prometheus.query(url, f"sum by (code) (ray_rayline_serve_requests_total{{{labels}}})")
         return {s["metric"]["code"]: float(s["value"][1]) for s in got}
 
+    # In the suite the app has long been up by now; run alone, this waits. Prometheus drops a series from instant
+    # queries at the first scrape that no longer has it, so this reads what the agent exports now.
+    time.sleep(max(0.0, served["ready_at"] + 35 - time.time()))
     assert prometheus.wait_for(url, f"ray_rayline_served_version{{{labels}}} == 1", timeout_s=60)
     # Earlier tests' responses may still be on their way (export ~5 s, scrape every 5 s), so the exact count is
     # taken on a status no other test causes (405: GET on a POST route); 200s are checked to rise by this test's.
