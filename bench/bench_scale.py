@@ -10,8 +10,8 @@ process session and to nothing else. This script samples every 0.5 s the proport
 counted once) of the driver and, summed, of the rest of its session; it prints the peak of each. Per size:
   data   `data.prepare.main` on generated chat records (user 10-80 words, assistant 20-200, every record unique and
          valid; JSONL written streaming, 8 files) with the `tiny` model's tokenizer, seq_len 512, packing, shards sized
-         by input (`num_shards: 0`, 64 MiB of input each);
-         tokens/s = tokens written to the packed Parquet over the stage's wall time.
+         by input (`num_shards: 0`, 64 MiB of input each); a 2,000-record run first starts Ray's worker processes;
+         tokens/s = tokens written to the packed Parquet over the timed run's wall time.
   batch  `serve.batch.pipeline.main` (infer mode, configs/batch/infer_tiny.yaml) on generated prompts with the
          `tiny` model, at most `--max-tokens` output tokens per prompt; tokens/s = output tokens over the wall time
          (start-up included) and over the engine's busy time (steady).
@@ -62,6 +62,8 @@ def write_prompts(path: Path, n: int, seed: int = 0) -> None:
 
 # --- the driver (a process of its own per size) -------------------------------------------------------------
 
+WARMUP_RECORDS = 2000
+
 
 def spilled_bytes() -> int:
     import ray
@@ -87,8 +89,17 @@ def drive(kind: str, inputs: str, model: str, out: str, num_cpus: int, max_token
         from data.config import Config
         from data.prepare import main
 
-        cfg = from_dict(Config, {"inputs": [inputs], "output_uri": out, "tokenizer": model, "format": "chat",
-                                 "seq_len": 512, "packing": "pack", "num_shards": 0, "eval_fraction": 0.01}, "bench")
+        def config(inputs: str, out: str):
+            return from_dict(Config, {"inputs": [inputs], "output_uri": out, "tokenizer": model, "format": "chat",
+                                      "seq_len": 512, "packing": "pack", "num_shards": 0, "eval_fraction": 0.01},
+                             "bench")
+
+        # A 2,000-record run first starts Ray's worker processes, as a long-lived cluster would have (bench_data.py
+        # does the same): a fresh Ray's cold start is the same few seconds at every size, and timed it would count
+        # against the small sizes only.
+        write_records(Path(out + "-warmup-in"), WARMUP_RECORDS)
+        main(config(out + "-warmup-in", out + "-warmup"))
+        cfg = config(inputs, out)
         t0 = time.perf_counter()
         result = main(cfg)
         wall = time.perf_counter() - t0
