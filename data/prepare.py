@@ -101,14 +101,14 @@ def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePl
     lines = LinesDatasource(parts, transform=functools.partial(to_examples, plan=example_plan),
                             sink=functools.partial(write_partitions, version_uri=shard_plan.version_uri),
                             schema=FILES_SCHEMA)
-    written = ray.data.read_datasource(lines, override_num_blocks=read_tasks).take_all()
-    files: dict[int, list[str]] = {}
-    for row in sorted(written, key=lambda r: r["uri"]):
-        files.setdefault(row["part"], []).append(row["uri"])
     build = ray.remote(build_shard_files).options(num_cpus=shard_plan.tokenizer_threads)
     try:
+        written = ray.data.read_datasource(lines, override_num_blocks=read_tasks).take_all()
+        files: dict[int, list[str]] = {}
+        for row in sorted(written, key=lambda r: r["uri"]):
+            files.setdefault(row["part"], []).append(row["uri"])
         return ray.get([build.remote(uris, shard_plan) for _, uris in sorted(files.items())])
-    finally:
+    finally:  # after a failed task too: the files are as large as the rendered input
         storage.delete_tree(shuffle_uri(shard_plan.version_uri))
 
 
