@@ -66,6 +66,12 @@ def keys(content: bytes, seed: int) -> tuple[int, int, int, float]:
             int.from_bytes(seeded[:8], "little"), int.from_bytes(seeded[8:], "little") / 2.0**64)
 
 
+def location_digest(source: str, line: int) -> bytes:
+    """8 bytes fixed by where a record is (its source and line): what spreads rejects over shards and names a read
+    task's shuffle files (data/shuffle.py)."""
+    return hashlib.blake2b(f"{source}:{line}".encode(), digest_size=8).digest()
+
+
 def _raw_text(raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
@@ -106,8 +112,7 @@ def _to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
             content = result
             result = render(content, plan.renderer)
         if isinstance(result, Reject):
-            where = hashlib.blake2b(f"{source}:{line}".encode(), digest_size=8).digest()
-            key0 = int.from_bytes(where, "little")
+            key0 = int.from_bytes(location_digest(source, line), "little")
             values = (key0 % plan.num_shards, key0, None, None, split, source, line, result.reason, result.detail,
                       _raw_text(raw), None, None)
         else:

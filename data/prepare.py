@@ -162,7 +162,7 @@ def main(cfg: Config) -> Result:
     threads = _task_threads(cpus, num_shards, node_free_cpus())
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
-                           threads, num_shards)
+                           threads)
     with tracking.data_run(cfg, version, manifest_uri) as run_id:
         totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,

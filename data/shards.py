@@ -45,7 +45,6 @@ class ShardPlan:
     pad_id: int
     tokenize_batch_size: int
     tokenizer_threads: int = 1
-    num_shards: int = 1
 
 
 def dedup_examples(good: pa.Table, dedup: bool) -> tuple[pa.Table, int]:

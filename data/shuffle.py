@@ -15,12 +15,12 @@ own files instead of adding copies. The driver deletes `_shuffle` once every sha
 
 from __future__ import annotations
 
-import hashlib
 from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
 
+from data.examples import location_digest
 from pipelines import storage
 
 SHUFFLE_DIR = "_shuffle"
@@ -32,8 +32,7 @@ def shuffle_uri(version_uri: str) -> str:
 
 
 def _task_name(block: pa.Table) -> str:
-    first = f"{block['source'][0].as_py()}:{block['line'][0].as_py()}"
-    return hashlib.blake2b(first.encode(), digest_size=8).hexdigest()
+    return location_digest(block["source"][0].as_py(), block["line"][0].as_py()).hex()
 
 
 def _pieces(block: pa.Table) -> Iterable[tuple[int, pa.Table]]:
@@ -51,7 +50,8 @@ def _pieces(block: pa.Table) -> Iterable[tuple[int, pa.Table]]:
 
 def write_partitions(blocks: Iterable[pa.Table], version_uri: str) -> pa.Table:
     """Append each block's rows to its shard's file (one per shard for the task); returns a FILES_SCHEMA row per file."""
-    writers: dict[int, tuple] = {}
+    writers: dict[int, tuple] = {}  # part -> (output stream, IPC writer)
+    uris: dict[int, str] = {}
     rows: dict[int, int] = {}
     name = None
     try:
@@ -61,20 +61,20 @@ def write_partitions(blocks: Iterable[pa.Table], version_uri: str) -> pa.Table:
             name = name or _task_name(block)
             for part, piece in _pieces(block):
                 if part not in writers:
-                    fs, path = storage.resolve(storage.join(shuffle_uri(version_uri), f"part-{part:05d}", f"{name}.arrow"))
+                    uris[part] = storage.join(shuffle_uri(version_uri), f"part-{part:05d}", f"{name}.arrow")
+                    fs, path = storage.resolve(uris[part])
                     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
                     sink = fs.open_output_stream(path)
-                    writers[part] = (sink, pa.ipc.new_file(sink, piece.schema), path)
+                    writers[part] = (sink, pa.ipc.new_file(sink, piece.schema))
                     rows[part] = 0
                 writers[part][1].write_table(piece)
                 rows[part] += piece.num_rows
     finally:
-        for sink, writer, _ in writers.values():
+        for sink, writer in writers.values():
             writer.close()
             sink.close()
     parts = sorted(writers)
-    uris = [storage.join(shuffle_uri(version_uri), f"part-{p:05d}", f"{name}.arrow") for p in parts]
-    return pa.Table.from_arrays([pa.array(parts, pa.int32()), pa.array(uris, pa.string()),
+    return pa.Table.from_arrays([pa.array(parts, pa.int32()), pa.array([uris[p] for p in parts], pa.string()),
                                  pa.array([rows[p] for p in parts], pa.int64())], schema=FILES_SCHEMA)
 
 
@@ -85,4 +85,4 @@ def read_partition(uris: list[str]) -> pa.Table:
         fs, path = storage.resolve(uri)
         with fs.open_input_file(path) as f:
             tables.append(pa.ipc.open_file(f).read_all())
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    return pa.concat_tables(tables)
