@@ -11,6 +11,9 @@ Generates chat records (user 10-80 words, assistant 20-200 words, half with a sy
   rayline   `data.prepare.main` on a fresh local Ray cluster of --num-cpus CPUs: read, validate, clean,
             dedup, render, tokenize, pack and write Parquet + manifest, timed from call to return. A
             2,000-record run first starts Ray's worker processes, as a long-lived cluster would have.
+The stage's worker processes live across its runs, as a long-lived cluster's do: from their second task on they
+reuse the memory they freed (data/heap.py), as every worker of a job with more shards than CPUs does; each round's
+time is printed, the first rayline round's included.
 Both count the same tokens (every record is unique and valid). They run --rounds times in A-B-B-A order
 (the machine's speed drifts) and are pooled: tokens over seconds. Each side's effective set-up is printed;
 the last line is the ratio of rates, given only when the set-ups agree (bench/equal_terms.py).

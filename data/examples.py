@@ -9,13 +9,12 @@ from; for rejects a hash of source and line, which spreads them.
 
 from __future__ import annotations
 
-import gc
 import hashlib
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
 
+from data.heap import no_cycle_collection
 from data.records import Messages, RecordRules, Reject, content_bytes, parse_record
 from data.template import ChatRenderer
 
@@ -79,22 +78,9 @@ def _raw_text(raw: bytes) -> str:
         return repr(raw)  # keeps every byte the user gave, readably
 
 
-@contextmanager
-def _no_cycle_collection():
-    """Pause Python's cycle collector: the loop below allocates a few small lists and tuples per line and
-    makes no reference cycles, and the collector's passes over them cost about a fifth of its time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
     """Map a block of raw lines (source, line, raw, kind, split) to EXAMPLE_SCHEMA rows, one per line."""
-    with _no_cycle_collection():
+    with no_cycle_collection():
         return _to_examples(block, plan)
 
 

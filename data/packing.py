@@ -56,23 +56,25 @@ def split_long(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarra
 
 
 def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Assign pieces (each <= seq_len) to rows: longest first, each into the row it fills most tightly.
+    """Assign pieces (each <= seq_len) to rows: longest first, each into the row it fills most tightly
+    (of rows with the same room left, the first opened).
 
     Returns (row, offset in row, segment number 1..k in row) per piece and the number of rows.
     """
     n = len(lengths)
-    row = np.empty(n, np.int64)
-    offset = np.empty(n, np.int64)
-    segment = np.empty(n, np.int64)
+    row, offset, segment = [0] * n, [0] * n, [0] * n
     fill: list[int] = []
     segments: list[int] = []
-    free: list[tuple[int, int]] = []  # (room left, row), sorted: the first with room >= L fits tightest
+    # Rows with room left, as room << 32 | row (one int compares faster than a tuple), sorted: the first at or
+    # past size << 32 has the least room that fits the piece, and of those the lowest row.
+    free: list[int] = []
     length_list = np.asarray(lengths).tolist()
     for p in np.argsort(-np.asarray(lengths), kind="stable").tolist():
         size = length_list[p]
-        i = bisect.bisect_left(free, (size, -1))
+        i = bisect.bisect_left(free, size << 32)
         if i < len(free):
-            room, r = free.pop(i)
+            packed = free.pop(i)
+            room, r = packed >> 32, packed & 0xFFFFFFFF
         else:
             room, r = seq_len, len(fill)
             fill.append(0)
@@ -81,9 +83,9 @@ def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, 
         fill[r] += size
         segments[r] += 1
         segment[p] = segments[r]
-        if room - size > 0:
-            bisect.insort(free, (room - size, r))
-    return row, offset, segment, len(fill)
+        if room > size:
+            bisect.insort(free, (room - size) << 32 | r)
+    return (np.array(row, np.int64), np.array(offset, np.int64), np.array(segment, np.int64), len(fill))
 
 
 # Pieces at least this long on average are copied slice by slice (one memcpy per column and piece);

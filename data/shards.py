@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.examples import EVAL, TRAIN
+from data.heap import keep_freed_memory, no_cycle_collection
 from data.packing import IGNORE, PackedRows, pack_sequences, pad_sequences
 from data.prepared import COLUMNS, ROW_SCHEMA
 from data.shuffle import read_partition
@@ -47,20 +48,26 @@ class ShardPlan:
     tokenizer_threads: int = 1
 
 
-def dedup_examples(good: pa.Table, dedup: bool) -> tuple[pa.Table, int]:
-    """Keep one row per content key (an eval copy before a train copy, then the first source and line),
-    in the seeded shuffle order. Returns the kept rows and how many duplicates were dropped."""
-    if dedup and good.num_rows:
-        good = good.sort_by([("key0", "ascending"), ("key1", "ascending"), ("split", "descending"),
-                             ("source", "ascending"), ("line", "ascending")])
-        k0, k1 = good["key0"].to_numpy(), good["key1"].to_numpy()
-        first = np.ones(good.num_rows, bool)
+def dedup_examples(group: pa.Table, rows: np.ndarray, dedup: bool) -> tuple[pa.Table, int]:
+    """Of `group`'s `rows` (indices of its examples), keep one per content key (an eval copy before a train copy,
+    then the first source and line), train rows before eval rows, each split in the seeded shuffle order (so each
+    split's tokens are one slice). Returns the kept rows and how many duplicates were dropped. The sorts are of
+    keys only: the text is copied once, by the last take."""
+    keys = group.select(["key0", "key1", "split", "source", "line", "order"]).take(rows)
+    dropped = 0
+    if dedup and len(rows):
+        by_key = pc.sort_indices(keys, [("key0", "ascending"), ("key1", "ascending"), ("split", "descending"),
+                                        ("source", "ascending"), ("line", "ascending")]).to_numpy()
+        k0, k1 = keys["key0"].to_numpy()[by_key], keys["key1"].to_numpy()[by_key]
+        first = np.ones(len(by_key), bool)
         first[1:] = (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])
-        dropped = int(good.num_rows - first.sum())
-        good = good.filter(pa.array(first))
+        dropped = int(len(by_key) - first.sum())
+        kept = by_key[first]
+        keys = keys.take(kept)
     else:
-        dropped = 0
-    return good.sort_by([("order", "ascending"), ("key1", "ascending")]), dropped
+        kept = np.arange(len(rows))
+    order = pc.sort_indices(keys, [("split", "ascending"), ("order", "ascending"), ("key1", "ascending")]).to_numpy()
+    return group.take(rows[kept[order]]), dropped
 
 
 def tokenize_examples(backend, examples: pa.Table, plan: ShardPlan,
@@ -122,9 +129,9 @@ def build_shard(group: pa.Table, backend, plan: ShardPlan, token_bytes: np.ndarr
     """Dedup, tokenize, pack and write one shard; return its counts (see `data.manifest.add_up`)."""
     shard_key = pc.min(group["key0"]).as_py()
     shard = f"{shard_key:016x}"
-    is_reject = pc.not_equal(group["reason"], "")
+    is_reject = pc.not_equal(group["reason"], "").to_numpy(zero_copy_only=False)
     rejects = _reject_lines(group.filter(is_reject))
-    examples, deduplicated = dedup_examples(group.filter(pc.invert(is_reject)), plan.dedup)
+    examples, deduplicated = dedup_examples(group, np.flatnonzero(~is_reject), plan.dedup)
     ids, labels, lengths = tokenize_examples(backend, examples, plan, token_bytes)
     ids, labels, lengths, kept, truncated = apply_length_policy(ids, labels, lengths, plan)
     if not kept.all():
@@ -134,22 +141,24 @@ def build_shard(group: pa.Table, backend, plan: ShardPlan, token_bytes: np.ndarr
                    "; no assistant token left after truncation") for _ in range(dropped.num_rows)]
         rejects += _reject_lines(dropped, too_long, details)
         examples = examples.filter(pa.array(kept))
-    split = examples["split"].to_numpy()
     stats = {"shard": shard, "read": group.num_rows, "rejected_by_reason": dict(Counter(r["reason"] for r in rejects)),
              "deduplicated": deduplicated, "truncated": int(truncated.sum()), "splits": {}}
-    for code, name in SPLITS.items():
-        mine = split == code
-        token_mine = np.repeat(mine, lengths)
+    # Examples are sorted by split (dedup_examples): each split is one run of examples and of tokens.
+    first = np.searchsorted(examples["split"].to_numpy(), list(SPLITS) + [max(SPLITS) + 1])
+    token_first = np.concatenate([[0], np.cumsum(lengths)])[first]
+    for i, (code, name) in enumerate(SPLITS.items()):
+        mine, token_mine = slice(first[i], first[i + 1]), slice(token_first[i], token_first[i + 1])
         pack = pack_sequences if plan.packing == "pack" else pad_sequences
         # Rows come out longest-first from best-fit; a seeded permutation spreads them again.
         packed = pack(ids[token_mine], labels[token_mine], lengths[mine], plan.seq_len, plan.pad_id,
                       rng=np.random.default_rng([plan.seed % 2**32, shard_key, code]))
-        stats["splits"][name] = {"rows": packed.rows, "examples": int(mine.sum()), "tokens": packed.tokens,
-                                 "loss_tokens": packed.loss_tokens}
+        stats["splits"][name] = {"rows": packed.rows, "examples": int(first[i + 1] - first[i]),
+                                 "tokens": packed.tokens, "loss_tokens": packed.loss_tokens}
         if packed.rows:
             fs, path = storage.resolve(storage.join(plan.version_uri, name, f"part-{shard}.parquet"))
             fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-            pq.write_table(rows_table(packed), path, filesystem=fs)
+            # No column statistics: min/max over token lists prune nothing and cost ~2 us a record to compute.
+            pq.write_table(rows_table(packed), path, filesystem=fs, write_statistics=False)
     if rejects:
         rejects.sort(key=lambda r: (r["source"], r["line"]))
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects)
@@ -167,6 +176,8 @@ def _backend(backend_json: str, threads: int):
 
 def build_shard_files(uris: list[str], plan: ShardPlan) -> dict:
     """The shard task: one shard's shuffle files (`data.shuffle`) -> its stats."""
+    keep_freed_memory()
     group = read_partition(uris)
     backend, token_bytes = _backend(plan.backend_json, plan.tokenizer_threads)
-    return build_shard(group, backend, plan, token_bytes)
+    with no_cycle_collection():  # a list of ids per record, thousands alive at once
+        return build_shard(group, backend, plan, token_bytes)

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from data.examples import location_digest
+from data.heap import keep_freed_memory
 from pipelines import storage
 
 SHUFFLE_DIR = "_shuffle"
@@ -50,6 +51,7 @@ def _pieces(block: pa.Table) -> Iterable[tuple[int, pa.Table]]:
 
 def write_partitions(blocks: Iterable[pa.Table], version_uri: str) -> pa.Table:
     """Append each block's rows to its shard's file (one per shard for the task); returns a FILES_SCHEMA row per file."""
+    keep_freed_memory()
     writers: dict[int, tuple] = {}  # part -> (output stream, IPC writer)
     uris: dict[int, str] = {}
     rows: dict[int, int] = {}

@@ -192,6 +192,21 @@ def test_shard_task_cpus_fit_on_one_node(cpus, shards, node_free, want):
     assert _task_threads(cpus, shards, node_free) == want
 
 
+def test_the_read_phase_alone_runs_without_ray_datas_reservation(ray_session):
+    """The read phase's dataset is made without the per-operator reservation (which holds a lone operator to one task
+    at a time on 2 CPUs until its first task reports); datasets made before or after keep Ray Data's default."""
+    from data.prepare import _no_reservation
+
+    before = ray_session.data.range(4)
+    with _no_reservation():
+        reads = ray_session.data.range(4)
+    after = ray_session.data.range(4)
+    assert reads.context.op_resource_reservation_enabled is False
+    assert before.context.op_resource_reservation_enabled is True and after.context.op_resource_reservation_enabled
+    assert ray_session.data.DataContext.get_current().op_resource_reservation_enabled is True
+    assert sorted(row["id"] for row in reads.take_all()) == [0, 1, 2, 3]  # it runs, as any dataset does
+
+
 def test_shards_sized_by_input_keep_what_a_fixed_count_keeps(ray_session, local_stack, sample_corpus_dir,
                                                              tiny_model_dir, tmp_path):
     """`num_shards: 0` cuts the work by input bytes (here 1 MiB a shard): more shards than the fixed count, the same
