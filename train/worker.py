@@ -8,6 +8,7 @@ merges across ranks into `<run_uri>/checkpoint_step<N>/` and keeps `num_to_keep`
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -226,5 +227,6 @@ def train_fn_per_worker(config: dict) -> None:
                    after_step=lambda step: maybe_kill_worker(step, rank, world))
     finally:
         logger.flush()
+        shutil.rmtree(hooks.root, ignore_errors=True)  # the staging folder; each checkpoint left it once uploaded
     if rank == 0:
         metrics_api.flush()  # the worker is killed when this returns: its final step must reach Prometheus

@@ -11,6 +11,7 @@ tests/train/test_lora.py runs that, for an adapter. The reference runs wherever 
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -49,9 +50,13 @@ ON_WORKER_NODES = (f"scaling.node_labels={{{NODE_LABEL}: 'in(worker-1,worker-2)'
 def reference(make_train_config, run_stage, s3_bucket):
     """The reference run: checkpoints and export in S3."""
     cfg = make_train_config(storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
+    staging = Path(tempfile.gettempdir()).glob  # where the workers (on this machine) stage each checkpoint
+    before = set(staging("rayline-ckpt-*"))
     run = run_stage("train", cfg)
     assert run.returncode == 0 and run.result, str(run)
-    return cfg, Result(run.result)
+    result = Result(run.result)
+    result.staging_left = sorted(set(staging("rayline-ckpt-*")) - before)
+    return cfg, result
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +97,7 @@ def test_fsdp_run_lowers_eval_loss_and_keeps_sharded_checkpoints_in_s3(reference
     for name in checkpoints:
         assert CHECKPOINT_FILES <= {f.split("/", 1)[1] for f in files if f.startswith(name + "/")}
     assert result.checkpoint_uri == f"{run_uri}/checkpoint_step000012"
+    assert result.staging_left == []  # each rank's local staging folder goes when its loop ends
 
     run_id = result.mlflow_run_id
     evals = history.curve(run_id, "eval_loss")
