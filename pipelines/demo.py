@@ -55,10 +55,11 @@ class DemoConfig:
     lora_overrides: list[str] = field(default_factory=lambda: [
         "lora.enabled=true", "lora.rank=16", "lora.alpha=32",
         "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]", "optim.lr=5.0e-3",
-        "train.epochs=12"])
+        "train.epochs=9"])
     """TrainConfig overrides for the LoRA adapter: rank 16 on every linear layer, a higher learning rate than the full
-    fine-tune's (only ~150k parameters train) and more passes (~780 steps): it learns slower than a full fine-tune
-    (0.70-0.72 against the fine-tune's 0.77-0.78 on the pretrained base, 2026-12-04/05)."""
+    fine-tune's (only ~150k parameters train) and one more pass (~585 steps): it learns slower than a full fine-tune.
+    Exact match on the pretrained base: 0.60 at 9 epochs (2026-12-05, the demo test: 92 s for the job), 0.70-0.72 at
+    12 (2026-12-04/05, 115 s), against the fine-tune's 0.78. 9 keeps the demo test inside the suite's budget."""
     adapter_name: str = "arith"
     """The name clients send for the adapter: `rayline:<adapter_name>`."""
     pretrain_steps: int = 1200
@@ -101,7 +102,7 @@ class DemoResult:
 
 
 def step(title: str) -> float:
-    print(f"\n==> {title}", flush=True)
+    print(f"\n==> {time.strftime('%H:%M:%S')} {title}", flush=True)
     return time.time()
 
 

@@ -106,8 +106,9 @@ def test_the_fine_tuned_model_and_the_adapter_visibly_learned(demo):
     """The demo's base knows the facts but not the chat format (pipelines/tiny_pretrain.py). Sized as the demo is
     (pipelines/demo.py final_overrides, lora_overrides), the fine-tuned model and the adapter each answer at least
     half of the eval questions, and the fine-tuned model the chat question rightly. Since the base is pretrained the
-    runs gave base 0.00-0.03, fine-tuned 0.77-0.78 and adapter 0.70-0.72 in every run (2026-12-04/05); the adapter's
-    chat answer is shown, not required to be right (it was "7" in each of them)."""
+    runs gave base 0.00-0.03, fine-tuned 0.77-0.78 and adapter 0.70-0.72 in every run (2026-12-04/05, the adapter at
+    12 epochs), and the adapter 0.60 at the demo's 9 (2026-12-05); the adapter's chat answer is shown, not required
+    to be right (it was "7" in each of them)."""
     _, result = demo
     scores = result.exact_match
     assert scores["fine-tuned"] >= 0.5 and scores["adapter"] >= 0.5 and scores["base"] < 0.25, scores
