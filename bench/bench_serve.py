@@ -268,6 +268,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 64])
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--spread", type=float, default=0.0,
+                   help="each request's length drawn from max-tokens x [1 - spread, 1 + spread], the same seeded "
+                        "lengths for every server (0: all the same length, so the streams run in waves; "
+                        "bench/serve_load.py)")
     p.add_argument("--vllm-port", type=int, default=8199, help="the vllm server's port; its own-defaults twin's is +1")
     p.add_argument("--vllm-nice", type=int, default=15, help="niceness of the vLLM servers (Ray workers run at 15)")
     p.add_argument("--work-dir", default=str(Path.home() / ".cache" / "rayline" / "bench"),
@@ -279,6 +283,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quick", action="store_true", help="a smoke run: 16 requests of 32 tokens at 8 streams, "
                    "2 rounds, no rollout")
     args = p.parse_args(argv)
+    if not 0.0 <= args.spread < 1.0:
+        p.error(f"--spread must be in [0, 1), got {args.spread}")
     if args.quick:
         args.requests, args.concurrency, args.max_tokens, args.rounds, args.skip_rollout = 16, [8], 32, 2, True
     # Stopped by a signal, still run the `finally`s: the vLLM server and the Serve app go away with us.
@@ -332,7 +338,11 @@ def main(argv: list[str] | None = None) -> dict:
         setups[name].update({**sched, "max_num_batched_tokens from": "vLLM's EngineArgs on the server's logged args"})
     rollout_s = None if args.skip_rollout else bench_rollout(work)
 
-    print(f"\n{args.rounds} rounds per server and concurrency, A-B-C, C-B-A; {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    lengths = (f"each request {args.max_tokens} tokens" if not args.spread else
+               f"request lengths drawn from {args.max_tokens} x [{1 - args.spread:g}, {1 + args.spread:g}], the same for "
+               f"every server")
+    print(f"\n{args.rounds} rounds per server and concurrency, A-B-C, C-B-A; {lengths}; "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
     print_setups({"rayline": setups["rayline"], VLLM: setups[VLLM], "vllm serve (defaults)": setups[DEFAULTS]})
     print(f"{'server':24} {'streams':>7} {'requests':>8} {'failed':>6} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9}")
     for label, rs in results.items():
@@ -357,7 +367,8 @@ def timed_load(server, concurrency: int, args, model: str = "rayline") -> tuple[
     it (None: no engine)."""
     engine_pid = server.engine_pid()
     before = thread_times(engine_pid) if engine_pid else {}
-    result = run_load(server.url, concurrency, args.requests, args.max_tokens, model)
+    spread = getattr(args, "spread", 0.0)  # bench_lora and bench_serve_metrics share this and have no --spread
+    result = run_load(server.url, concurrency, args.requests, args.max_tokens, model, spread)
     return result, busy_threads(before, thread_times(engine_pid)) if engine_pid else None
 
 

@@ -1,12 +1,18 @@
 """The load bench_serve.py puts on each server: `--requests` streamed completions of exactly `max_tokens`
 output tokens (ignore_eos) from `concurrency` clients over loopback HTTP, timed by the client's own clock:
 output tokens/s over the whole load, time to first token per request (p50/p99), failures counted.
+
+With every request the same length, the streams end on the same engine step and the next `concurrency` requests
+arrive together, into an idle engine: the load runs in waves, and TTFT measures how a burst of arrivals meets the
+engine's steps. `spread` > 0 draws each request's length from max_tokens x [1 - spread, 1 + spread] instead (the
+same seeded lengths for every server), so the streams fall out of step and TTFT is measured under a steady flow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -56,22 +62,35 @@ async def _one(client, url: str, prompt: str, max_tokens: int, model: str) -> tu
     return ttft or float("nan"), int(usage.get("completion_tokens", 0))
 
 
-async def _load(url: str, concurrency: int, requests: int, max_tokens: int, model: str) -> LoadResult:
+def lengths(requests: int, max_tokens: int, spread: float, seed: int = 0) -> list[int]:
+    """Each request's output length: all `max_tokens` (spread 0), or drawn uniformly from max_tokens x
+    [1 - spread, 1 + spread], seeded, so every server gets the same list."""
+    if not 0.0 <= spread < 1.0:
+        raise ValueError(f"spread must be in [0, 1), got {spread}")
+    if spread == 0.0:
+        return [max_tokens] * requests
+    rng = random.Random(seed)
+    low, high = round(max_tokens * (1 - spread)), round(max_tokens * (1 + spread))
+    return [max(1, rng.randint(low, high)) for _ in range(requests)]
+
+
+async def _load(url: str, concurrency: int, requests: int, max_tokens: int, model: str,
+                spread: float = 0.0) -> LoadResult:
     import httpx
 
     prompts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(32)) for i in range(requests)]
     queue: asyncio.Queue = asyncio.Queue()
-    for p in prompts:
-        queue.put_nowait(p)
+    for item in zip(prompts, lengths(requests, max_tokens, spread)):
+        queue.put_nowait(item)
     ttfts, tokens, failed = [], [], 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         async def worker():
             nonlocal failed
             while not queue.empty():
-                prompt = queue.get_nowait()
+                prompt, length = queue.get_nowait()
                 try:
-                    ttft, n = await _one(client, url, prompt, max_tokens, model)
+                    ttft, n = await _one(client, url, prompt, length, model)
                     ttfts.append(ttft)
                     tokens.append(n)
                 except Exception:
@@ -84,7 +103,9 @@ async def _load(url: str, concurrency: int, requests: int, max_tokens: int, mode
                       ttfts, sum(tokens), wall)
 
 
-def run_load(url: str, concurrency: int, requests: int, max_tokens: int, model: str = "rayline") -> LoadResult:
-    """`model`: what the requests name (`rayline`, or a served LoRA adapter such as `rayline:a`)."""
+def run_load(url: str, concurrency: int, requests: int, max_tokens: int, model: str = "rayline",
+             spread: float = 0.0) -> LoadResult:
+    """`model`: what the requests name (`rayline`, or a served LoRA adapter such as `rayline:a`); `spread`: see
+    the module docstring."""
     asyncio.run(_load(url, min(4, concurrency), min(8, requests), 16, model))  # warm-up: connections, caches
-    return asyncio.run(_load(url, concurrency, requests, max_tokens, model))
+    return asyncio.run(_load(url, concurrency, requests, max_tokens, model, spread))
