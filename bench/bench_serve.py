@@ -1,11 +1,13 @@
 """Serving: rayline's Ray Serve LLM app vs vLLM's own OpenAI server, same `small` model, same engine, same load.
 
     python -m pipelines.stack up                 # the local stack (Ray head + MLflow), or export another stack's env
-    python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--skip-rollout | --rollout-only]
+    python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--spread 0.25]
+                                [--skip-rollout | --rollout-only]
     python bench/bench_serve.py --quick          # a smoke run: small loads, no rollout
 
 Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
-(ignore_eos) from `--concurrency` concurrent clients on loopback, `--rounds` times in alternating order
+(ignore_eos; `--spread`: lengths drawn around it, see bench/serve_load.py) from `--concurrency` concurrent
+clients on loopback, `--rounds` times in alternating order
 (A-B-C, C-B-A: the machine's speed drifts; the `vllm defaults` server in the first round only); reported
 over all rounds: output tokens/s and time to first token p50/p99. The servers:
   vllm server    `python -m vllm.entrypoints.openai.api_server` with the engine arguments and the engine
