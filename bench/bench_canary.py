@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_serve import ENGINE, SERVE, use_local_stack  # noqa: E402
+from bench.serve_servers import ENGINE, SERVE, use_local_stack  # noqa: E402
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
 from bench.serve_load import LoadResult, combine, run_load  # noqa: E402
 from pipelines import registry  # noqa: E402

@@ -5,7 +5,7 @@ against the base on the same engine, and the adapter rollout time (issue 18).
     python bench/bench_lora.py [--requests 128] [--concurrency 32] [--max-tokens 64] [--rounds 2]
     python bench/bench_lora.py --quick           # a smoke run: small loads
 
-The model is bench_serve.py's `small` model; the adapter a rank-8 PEFT adapter of it on q_proj and v_proj
+The model is bench/serve_servers.py's `small` model; the adapter a rank-8 PEFT adapter of it on q_proj and v_proj
 (random weights, written by peft: pipelines/tiny_model.build_adapter), registered in MLflow as version 1 of
 `rayline-bench-lora` (version 2, another seed, is what the rollout swaps in). Both servers run the same engine
 arguments and environment, LoRA arguments included (`enable_lora`, `max_lora_rank` 8, `max_loras` 2,
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_serve import (  # noqa: E402
+from bench.serve_servers import (  # noqa: E402
     MUST_MATCH, RaylineApp, VllmServer, busy_setup, small_model, timed_load, use_local_stack, vllm_cli_args,
 )
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402

@@ -28,184 +28,27 @@ The cost of rayline's own serving metrics is bench/bench_serve_metrics.py.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.equal_terms import (  # noqa: E402
-    THREAD_ENV, busy_threads, print_setups, ratio_line, round_order, thread_times,
+from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
+from bench.serve_load import LoadResult, combine  # noqa: E402
+from bench.serve_servers import (  # noqa: E402
+    ENGINE, MUST_MATCH, SERVE, RaylineApp, VllmServer, busy_setup, cpu_seconds, small_model, timed_load,
+    use_local_stack,
 )
-from bench.serve_load import LoadResult, combine, run_load  # noqa: E402
-from bench.serve_setup import (  # noqa: E402
-    engine_core_pid, engine_setup, resolve_scheduler, serve_ingress, title,
-)
-from pipelines.config import from_dict, to_dict  # noqa: E402
+from bench.serve_setup import resolve_scheduler  # noqa: E402
+from pipelines.config import from_dict  # noqa: E402
 from serve import engine as eng  # noqa: E402
-from serve.app import ServedModel, render_serve_config  # noqa: E402
-from serve.deploy_target import LocalServe  # noqa: E402
 from serve.serve_config import Config as ServeConfig  # noqa: E402
-from serve.verify import wait_until_answering, wait_until_healthy  # noqa: E402
 
-ENGINE = {
-    "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 64, "dtype": "float32", "enforce_eager": True,
-    "enable_prefix_caching": True, "enable_chunked_prefill": True, "kv_cache_memory_bytes": 512 * eng.MiB,
-    "cpus_per_engine": 1.0,
-    # As configs/serve/tiny_cpu.yaml: one unpinned compute thread (vLLM would pin it to core 0). Both servers.
-    "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
-}
-# The tuned serving settings (serve/serve_config.py): one ingress, no access log, and streamed tokens passed
-# on as they come (stream_batching_interval_ms 0): at a few tokens/s per stream on CPU a batching window
-# merges nothing, but its timer wakes every stream 20 times a second and delays the first token.
-SERVE = {"app_name": "rayline-bench", "route_prefix": "/", "served_model_id": "rayline", "ingress_cpus": 0.1,
-         "ingress_replicas": 1, "max_ongoing_requests": 512, "stream_batching_interval_ms": 0.0}
-
-
-# What must be equal for a ratio between rayline and the vllm server: the engine, its process layout and its
-# compute threads (read back from the threads' CPU time: EngineCore's environment cannot be read from /proc
-# once it has set its title, so the environment each side was given is shown beside it).
-MUST_MATCH = ["executor", "engine processes", "engine niceness", "engine busy threads", "dtype", "max_seq_len",
-              "enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "max_num_batched_tokens",
-              "KV cache tokens", "stats logging"]
 VLLM = "vllm server"
 DEFAULTS = "vllm serve, its own defaults (not equal terms)"
-
-
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise RuntimeError(f"{url}: no answer after {timeout_s}s")
-
-
-def vllm_cli_args(engine_cfg: eng.EngineConfig) -> list[str]:
-    """rayline's engine kwargs as `vllm.entrypoints.openai.api_server` flags."""
-    args = []
-    for k, v in eng.vllm_engine_kwargs(engine_cfg).items():
-        flag = "--" + k.replace("_", "-")
-        args += [flag if v else "--no-" + flag[2:]] if isinstance(v, bool) else [flag, str(v)]
-    return args
-
-
-class VllmServer:
-    """A vLLM OpenAI server (`args` after the python executable) in a session of its own, at niceness `nice`;
-    started here, `wait()` until it answers."""
-
-    def __init__(self, args: list[str], env: dict[str, str], port: int, log_path: Path, nice: int):
-        self.url, self.port, self.log_path = f"http://127.0.0.1:{port}/v1", port, log_path
-        self.env_given = {k: env.get(k, "unset") for k in THREAD_ENV}
-        self.log = open(log_path, "w")
-        # Ray starts its workers (Serve replicas, and so the engines they spawn) at niceness 15; on a shared
-        # machine the baseline must compete for CPU on the same terms.
-        self.proc = subprocess.Popen([sys.executable, *args, "--host", "127.0.0.1", "--port", str(port)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=lambda: os.nice(nice - os.getpriority(os.PRIO_PROCESS, 0)))
-
-    def wait(self) -> VllmServer:
-        wait_http(f"http://127.0.0.1:{self.port}/health", 900, self.proc)
-        return self
-
-    @classmethod
-    def equal_terms(cls, model_dir: Path, engine_cfg: eng.EngineConfig, port: int, log_path: Path, nice: int):
-        """With rayline's engine arguments and engine environment, as serve/engine.py prescribes for plain vLLM."""
-        args = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name",
-                "rayline", "--disable-uvicorn-access-log", *vllm_cli_args(engine_cfg)]
-        env = {**os.environ, **eng.runtime_env(engine_cfg).get("env_vars", {})}
-        return cls(args, env, port, log_path, nice)
-
-    @classmethod
-    def own_defaults(cls, model_dir: Path, engine_cfg: eng.EngineConfig, port: int, log_path: Path, nice: int):
-        """vLLM's OpenAI server with its defaults and none of this process's thread settings, as `vllm serve MODEL`
-        runs it (the `vllm` command itself fails here: it looks up the `vllm` distribution, and vLLM for CPU is
-        installed as `vllm-cpu`); only the KV cache size is given (vLLM's CPU default reserves most of the RAM
-        and fails on a shared box)."""
-        args = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                "--served-model-name", "rayline", "--kv-cache-memory-bytes", str(engine_cfg.kv_cache_memory_bytes)]
-        env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
-        return cls(args, env, port, log_path, nice)
-
-    def engine_pid(self) -> int | None:
-        return engine_core_pid(self.proc.pid)
-
-    def setup(self) -> dict:
-        return {**engine_setup(self.proc.pid, [self.log_path]), "HTTP ingress": "the API server process (uvicorn)",
-                **{f"given {k}": v for k, v in self.env_given.items()}}
-
-    def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)  # its session: the server and its engine processes
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
-
-
-class RaylineApp:
-    """The rayline Serve app (serving config `SERVE` + the same engine) deployed on the local stack."""
-
-    def __init__(self, model_dir: Path, engine_cfg: eng.EngineConfig, overrides: dict | None = None,
-                 adapters: dict | None = None):
-        self.cfg = from_dict(ServeConfig, {**SERVE, **(overrides or {}), "engine": to_dict(engine_cfg)})
-        model = self.model = ServedModel(source=str(model_dir), ref=str(model_dir))
-        self.target = LocalServe(self.cfg.app_name)
-        self.url = self.cfg.base_url()
-        start = time.time()
-        self.target.apply(render_serve_config(self.cfg, model, adapters))
-        healthy = wait_until_healthy(self.target.state, model, 900, fail_fast=False, applied_at=start)
-        answer = healthy.ok and wait_until_answering(self.url, self.cfg.served_model_id, model.label, "hi", 120).ok
-        if not answer:
-            self.stop()
-            raise RuntimeError(f"rayline app did not come up: {healthy.reason}")
-
-    def replica_pid(self) -> int | None:
-        """The Serve replica that runs the engine: its title names the app, and it has started EngineCore."""
-        import psutil
-
-        tag = f"ServeReplica:{self.cfg.app_name}:"
-        for proc in psutil.process_iter():
-            try:
-                # The replica, not its forked EngineCore (which carries the replica's title too).
-                if (tag in title(proc) and tag not in title(proc.parent())
-                        and engine_core_pid(proc.pid)):
-                    return proc.pid
-            except (psutil.Error, OSError, IndexError):
-                continue
-        return None
-
-    def engine_pid(self) -> int | None:
-        replica = self.replica_pid()
-        return engine_core_pid(replica) if replica else None
-
-    def setup(self) -> dict:
-        """The engine's replica read back like a vLLM server; its logs are the replica's stdout and stderr (Ray's
-        worker logs). The environment given is the one the app gives the replica (serve/app.py)."""
-        replica = self.replica_pid()
-        if replica is None:
-            import psutil
-
-            seen = [f"{p.pid} (parent {p.ppid()}): {name[:80]}" for p in psutil.process_iter()
-                    if "ServeReplica" in (name := title(p))]
-            print("no engine replica among: " + "; ".join(seen), flush=True)
-            return {"engine processes": f"no ServeReplica:{self.cfg.app_name} process with an EngineCore child"}
-        given = eng.runtime_env(self.cfg.engine).get("env_vars", {})
-        return {**engine_setup(replica, [Path(os.readlink(f"/proc/{replica}/fd/{fd}")) for fd in (1, 2)]),
-                "HTTP ingress": serve_ingress(replica), **{f"given {k}": given.get(k, "unset") for k in THREAD_ENV}}
-
-    def stop(self) -> None:
-        self.target.delete()
 
 
 def bench_rollout(work: Path) -> float:
@@ -241,28 +84,6 @@ def bench_rollout(work: Path) -> float:
         return time.time() - start
     finally:
         rollout.target.delete()
-
-
-def small_model(work: Path) -> tuple[Path, eng.EngineConfig]:
-    """The `small` model under `work` (built once) and the engine config both sides serve it with."""
-    model_dir = work / "small"
-    if not (model_dir / "model.safetensors").exists():
-        from pipelines.tiny_model import build_tiny_model
-
-        build_tiny_model(model_dir, "small", seed=0)
-    return model_dir, from_dict(eng.EngineConfig, {"model": str(model_dir), **ENGINE})
-
-
-def use_local_stack() -> None:
-    """Point this process at the local stack (.rayline/) unless a stack's env is already exported."""
-    if os.environ.get("RAY_ADDRESS", "").startswith("http"):
-        return
-    from pipelines import stack
-
-    cfg = stack.load_stack_config(None, [])
-    if not (stack.part_healthy(cfg, "ray") and stack.part_healthy(cfg, "mlflow")):
-        raise SystemExit("the local stack is not up: `python -m pipelines.stack up` (or export another stack's env)")
-    os.environ.update(stack.env_vars(cfg))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -321,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
                 # vLLM's own defaults are a reference point, not equal terms, and ~2.5x slower: one round.
                 for name in (n for n in order if n != DEFAULTS or i == 0):
                     idle = {n: cpu_seconds(s) for n, s in servers.items() if n != name}
-                    result, threads = timed_load(servers[name], c, args)
+                    result, threads = timed_load(servers[name], c, args, spread=args.spread)
                     runs[name].append(result)
                     busy[name] += [threads] if threads is not None else []
                     idle_cpu = ", ".join(f"{n.split(',')[0]} {cpu_seconds(servers[n]) - t:.1f}"
@@ -362,42 +183,6 @@ def main(argv: list[str] | None = None) -> dict:
             print(ratio_line(f"{baseline} ({b.concurrency} streams)", r.tokens_per_s / b.tokens_per_s,
                              setups["rayline"], setups[baseline], must_match))
     return {"results": results, "setups": setups, "rollout_s": rollout_s, "ratios": ratios}
-
-
-def timed_load(server, concurrency: int, args, model: str = "rayline") -> tuple[LoadResult, int | None]:
-    """One load run on a server (requests naming `model`), and how many of its engine's threads were busy during
-    it (None: no engine)."""
-    engine_pid = server.engine_pid()
-    before = thread_times(engine_pid) if engine_pid else {}
-    spread = getattr(args, "spread", 0.0)  # bench_lora and bench_serve_metrics share this and have no --spread
-    result = run_load(server.url, concurrency, args.requests, args.max_tokens, model, spread)
-    return result, busy_threads(before, thread_times(engine_pid)) if engine_pid else None
-
-
-def busy_setup(counts: list[int]) -> dict:
-    """The busy-thread count most load runs saw, and all of them beside it."""
-    if not counts:
-        return {}
-    return {"engine busy threads": max(set(counts), key=counts.count),
-            "engine busy threads, each run": ",".join(map(str, counts))}
-
-
-def cpu_seconds(server) -> float:
-    """CPU seconds a server's processes have used so far (the Serve app: every process of this Ray node,
-    which is what its idle cost can show up in)."""
-    import psutil
-
-    pid = server.proc.pid if isinstance(server, VllmServer) else None
-    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)] if pid else [
-        p for p in psutil.process_iter() if p.name().startswith(("ray::", "raylet", "gcs_server"))]
-    total = 0.0
-    for proc in procs:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            continue
-    return total
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python -m pipelines.stack up
     python bench/bench_serve_metrics.py [--requests 128] [--concurrency 32 64] [--max-tokens 128] [--rounds 2] [--passes 2]
 
-Both apps serve the same `small` model with the same engine (bench/bench_serve.py's ENGINE and SERVE, its own
+Both apps serve the same `small` model with the same engine (bench/serve_servers.py's ENGINE and SERVE, its own
 name and route for the second), differing only in `request_metrics` (rayline_serve_requests_total, counted per
 response by serve/llm_hooks.py's middleware; the engine's own metrics are on in both). Each gets `--requests`
 streamed completions per concurrency, in alternating rounds (A-B, B-A); then both are redeployed with their
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_serve import (  # noqa: E402
+from bench.serve_servers import (  # noqa: E402
     MUST_MATCH, RaylineApp, busy_setup, small_model, timed_load, use_local_stack,
 )
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
