@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--spread", type=float, default=0.0,
                    help="each request's length drawn from max-tokens x [1 - spread, 1 + spread], the same seeded "
-                        "lengths for every server (0: all the same length, so the streams run in waves; "
-                        "bench/serve_load.py)")
+                        "lengths for every server (0: all the same length, so the streams run in waves); > 0: "
+                        "TTFT from each client's second request on (bench/serve_load.py)")
     p.add_argument("--vllm-port", type=int, default=8199, help="the vllm server's port; its own-defaults twin's is +1")
     p.add_argument("--vllm-nice", type=int, default=15, help="niceness of the vLLM servers (Ray workers run at 15)")
     p.add_argument("--work-dir", default=str(Path.home() / ".cache" / "rayline" / "bench"),
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     lengths = (f"each request {args.max_tokens} tokens" if not args.spread else
                f"request lengths drawn from {args.max_tokens} x [{1 - args.spread:g}, {1 + args.spread:g}], the same for "
-               f"every server")
+               f"every server; TTFT from each client's second request on (the opening burst left out)")
     print(f"\n{args.rounds} rounds per server and concurrency, A-B-C, C-B-A; {lengths}; "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
     print_setups({"rayline": setups["rayline"], VLLM: setups[VLLM], "vllm serve (defaults)": setups[DEFAULTS]})

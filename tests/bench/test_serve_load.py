@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serve_load import lengths
+from bench.serve_load import lengths, timed_ttfts
 
 
 def test_without_spread_every_request_has_the_same_length():
@@ -23,3 +23,10 @@ def test_a_spread_draws_lengths_around_max_tokens_the_same_for_every_server():
 def test_a_spread_outside_0_to_1_is_refused(spread):
     with pytest.raises(ValueError, match=f"spread must be in \\[0, 1\\), got {spread}"):
         lengths(4, 128, spread)
+
+
+def test_a_steady_flow_leaves_each_clients_opening_request_out_of_ttft_and_lockstep_keeps_all():
+    # (the request's place among its client's requests, TTFT): two clients' opening burst, then their later requests
+    samples = [(0, 0.50), (0, 0.60), (1, 0.09), (1, 0.11), (2, 0.10)]
+    assert timed_ttfts(samples, 0.25) == [0.09, 0.11, 0.10]
+    assert timed_ttfts(samples, 0.0) == [0.50, 0.60, 0.09, 0.11, 0.10]  # lockstep: every wave is a burst, all count
