@@ -3,6 +3,7 @@ key=value ...` sets any field; pipelines/stack.py starts what it describes)."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,3 +108,12 @@ class StackConfig:
     def state(self) -> Path:
         p = Path(self.state_dir)
         return p if p.is_absolute() else PROJECT_ROOT / p
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        """The head's Ray temp dir (its sessions, logs, sockets), one per stack. Ray's job supervisor gives each job's
+        driver the GCS address written in `<temp dir>/ray_current_cluster`, which every `ray start` on the machine
+        with that temp dir overwrites: with Ray's shared default (/tmp/ray) a job submitted to one of two stacks
+        (the demo's and the test stack) ran its driver against the stack started last. Short, for Ray's unix
+        socket paths; keyed by the GCS port, which no two running stacks share."""
+        return Path(tempfile.gettempdir()) / f"rayline-ray-{self.ray_port}"

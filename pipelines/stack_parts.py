@@ -91,7 +91,7 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
         f"--ray-client-server-port={cfg.ray_client_port}", f"--dashboard-agent-listen-port={cfg.dashboard_agent_port}",
         f"--min-worker-port={cfg.min_worker_port}", f"--max-worker-port={cfg.max_worker_port}", "--include-dashboard=true", "--disable-usage-stats",
         f"--num-cpus={cfg.num_cpus or os.cpu_count()}", f"--metrics-export-port={cfg.metrics_export_port}",
-        f"--labels={NODE_LABEL}=head",
+        f"--labels={NODE_LABEL}=head", f"--temp-dir={cfg.ray_temp_dir}",  # worker nodes take the head's
     ]
     # Job entrypoints say `python ...`: that must be this environment's Python. Workers import the
     # project's packages; jobs get a working_dir, local drivers rely on PYTHONPATH.

@@ -127,6 +127,31 @@ def test_up_twice_env_job_nodes_down(mini_cfg, tmp_path):
     assert (mini_cfg.state / "mlflow" / "mlflow.db").exists()  # data kept
 
 
+def test_a_job_runs_on_the_stack_it_was_submitted_to_when_another_started_later(mini_cfg, tmp_path):
+    """Ray's job supervisor gives a job's driver the cluster that `<temp dir>/ray_current_cluster` names, which the
+    last `ray start` with that temp dir wrote. Each stack's head has a temp dir of its own (StackConfig.ray_temp_dir):
+    a job submitted to a stack runs there, and a plain `ray.init()` joins it, though another stack started later."""
+    import dataclasses
+
+    later = dataclasses.replace(mini_cfg, state_dir=str(tmp_path / "later"), ray_port=6429, dashboard_port=8315,
+                                ray_client_port=23051, dashboard_agent_port=52415, min_worker_port=22000,
+                                max_worker_port=22999, metrics_export_port=8199, num_cpus=1)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "where.py").write_text("import ray\nray.init()\nprint('GCS', ray.get_runtime_context().gcs_address)\n")
+    try:
+        stack.up(mini_cfg, parts=["ray"])
+        stack.up(later, parts=["ray"])
+        assert mini_cfg.ray_temp_dir != later.ray_temp_dir
+        job = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "job", "submit", "--working-dir",
+                              str(job_dir), "--", "python", "where.py"], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, **stack.env_vars(mini_cfg)})
+        assert job.returncode == 0 and f"GCS 127.0.0.1:{mini_cfg.ray_port}" in job.stdout, job.stdout[-2000:]
+    finally:
+        stack.down(later, grace_s=2)
+        stack.down(mini_cfg, grace_s=2)
+
+
 def test_busy_port_is_named(mini_cfg):
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
