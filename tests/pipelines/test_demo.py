@@ -1,4 +1,4 @@
-"""The main job end to end (`make demo`'s chain) on a stack it brings up as `make demo` does, each stage a real Ray job.
+"""The main job end to end (`make demo`'s chain) on the test stack, with each stage a real Ray job.
 
 Asserts the facts the demo's summary prints, read back from MLflow and the live Serve app rather than
 from the demo's own report: the lineage tags join dataset version -> training run -> model version ->
@@ -8,50 +8,34 @@ the promoted version.
 
 from __future__ import annotations
 
-import os
+import uuid
 from pathlib import Path
 
 import pytest
 
-from pipelines import registry, stack
-from pipelines.config import from_dict, to_dict
+from pipelines import registry
+from pipelines.config import to_dict
 from pipelines.demo import BASE_MODEL_NAME, LORA_APP, QUESTION, DemoConfig, main
 from serve import rollout_record
+from serve.deploy_target import LocalServe
 from train.tune import TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-DEMO_STACK = {
-    "ray_port": 6419, "dashboard_port": 8305, "ray_client_port": 23041, "dashboard_agent_port": 52405,
-    "min_worker_port": 27000, "max_worker_port": 27999, "serve_port": 8040, "mlflow_port": 5040,
-    "prometheus_port": 9300, "metrics_export_port": 8198,
-}
-"""The demo's own stack, brought up by the demo as `make demo` brings one up (Ray head, MLflow, Prometheus; no S3;
-an empty registry), beside the test stack and on ports no other test's stack uses."""
-
 
 @pytest.fixture(scope="module")
-def demo_stack(tmp_path_factory):
-    cfg = from_dict(stack.StackConfig, {**DEMO_STACK, "state_dir": str(tmp_path_factory.mktemp("demo-stack"))},
-                    "tests/pipelines/test_demo.py")
-    saved = dict(os.environ)  # the demo points this process at its stack (MLflow, Ray)
+def demo(local_stack, tmp_path_factory, log_growing_in_checkout):
+    stack = to_dict(local_stack)
+    # The demo's sizes, but a 1-trial search: each trial is ~70-100 s on 2 CPUs, and the tune stage's own tests
+    # cover several trials and ASHA stopping them (tests/train/test_tune_stage.py). Here the chain is the point:
+    # the search's best trial feeds the training run.
+    cfg = DemoConfig(state_dir=stack.pop("state_dir"), work_dir=str(tmp_path_factory.mktemp("demo")),
+                     model_name=f"rayline-e2e-{uuid.uuid4().hex[:6]}", tune_samples=1, stack_overrides=stack)
     try:
-        yield cfg
+        yield cfg, main(cfg)
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        stack.down(cfg, grace_s=2)
-
-
-@pytest.fixture(scope="module")
-def demo(demo_stack, tmp_path_factory, log_growing_in_checkout):
-    # The demo's sizes and model name, but a 1-trial search: each trial is ~70-100 s on 2 CPUs, and the tune stage's
-    # own tests cover several trials and ASHA stopping them (tests/train/test_tune_stage.py). Here the chain is the
-    # point: the search's best trial feeds the training run.
-    overrides = {k: v for k, v in to_dict(demo_stack).items() if k in DEMO_STACK}
-    cfg = DemoConfig(state_dir=demo_stack.state_dir, work_dir=str(tmp_path_factory.mktemp("demo")), tune_samples=1,
-                     stack_overrides=overrides)
-    return cfg, main(cfg)
+        LocalServe("rayline").delete()
+        LocalServe(LORA_APP["app_name"]).delete()
 
 
 def test_lineage_joins_dataset_run_model_version_and_deployment(demo):
@@ -132,7 +116,7 @@ def test_the_fine_tuned_model_and_the_adapter_visibly_learned(demo):
     assert result.adapter_answer.strip().isdigit(), result  # an answer in the sum's own form, not chat noise
 
 
-def test_the_adapter_is_a_version_of_its_own_registered_with_its_base_and_served_beside_it(demo, demo_stack):
+def test_the_adapter_is_a_version_of_its_own_registered_with_its_base_and_served_beside_it(demo, local_stack):
     from openai import OpenAI
 
     cfg, result = demo
@@ -142,7 +126,7 @@ def test_the_adapter_is_a_version_of_its_own_registered_with_its_base_and_served
     assert float(mv.tags["eval.exact_match"]) == pytest.approx(result.exact_match["adapter"])
     assert registry.get_alias(result.adapter_model, registry.DEFAULT_ALIAS).version == result.adapter_version
     # The adapter's app answers with the adapter version by name; the base app goes on answering as the promoted model.
-    client = OpenAI(base_url=f"http://127.0.0.1:{demo_stack.serve_port}{LORA_APP['route_prefix']}/v1", api_key="unused")
+    client = OpenAI(base_url=f"http://127.0.0.1:{local_stack.serve_port}{LORA_APP['route_prefix']}/v1", api_key="unused")
     resp = client.chat.completions.create(model=f"rayline:{cfg.adapter_name}", max_tokens=16, temperature=0,
                                           messages=[{"role": "user", "content": result.question}])
     assert resp.model == result.adapter_served_by == \
@@ -150,13 +134,13 @@ def test_the_adapter_is_a_version_of_its_own_registered_with_its_base_and_served
     assert resp.choices[0].message.content == result.adapter_answer
 
 
-def test_chat_answer_comes_from_the_promoted_version(demo, demo_stack):
+def test_chat_answer_comes_from_the_promoted_version(demo, local_stack):
     from openai import OpenAI
 
     cfg, result = demo
     assert result.served_by == f"{cfg.model_name}/{result.model_version}"
     # Ask the live app again, independently of the demo's own request.
-    client = OpenAI(base_url=f"http://127.0.0.1:{demo_stack.serve_port}/v1", api_key="unused")
+    client = OpenAI(base_url=f"http://127.0.0.1:{local_stack.serve_port}/v1", api_key="unused")
     resp = client.chat.completions.create(model="rayline", messages=[{"role": "user", "content": result.question}],
                                           max_tokens=16, temperature=0)
     assert resp.system_fingerprint == result.served_by
@@ -172,7 +156,7 @@ FED_BY_A_CANARY = {"ray_rayline_canary_requests_total", "ray_rayline_canary_ttft
                    "ray_rayline_canary_itl_seconds_sum", "ray_rayline_canary_itl_seconds_count"}
 
 
-def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, demo_stack):
+def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack):
     """The stack's real Prometheus scraped the real chain: the figures match what the stages recorded elsewhere,
     every dashboard panel's query returns series over the demo's window, and every alert expression evaluates
     over metrics that exist (an alert's condition itself is tested by tests/observability/test_alerts.py)."""
@@ -182,7 +166,7 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, demo_stack)
     from pipelines.stack import env_vars
 
     cfg, result = demo
-    url = env_vars(demo_stack)["RAYLINE_PROMETHEUS_URL"]
+    url = env_vars(local_stack)["RAYLINE_PROMETHEUS_URL"]
     jobs = {t["job"] for t in prometheus.targets(url) if t["health"] == "up"}
     assert {"ray", "mlflow", "prometheus"} <= jobs, prometheus.targets(url)
 
