@@ -114,6 +114,6 @@ class StackConfig:
         """The head's Ray temp dir (its sessions, logs, sockets), one per stack. Ray's job supervisor gives each job's
         driver the GCS address written in `<temp dir>/ray_current_cluster`, which every `ray start` on the machine
         with that temp dir overwrites: with Ray's shared default (/tmp/ray) a job submitted to one of two stacks
-        (the demo's and the test stack) ran its driver against the stack started last. Short, for Ray's unix
-        socket paths; keyed by the GCS port, which no two running stacks share."""
+        (a developer's `.rayline` and the tests' `.rayline-test`) ran its driver against the stack started last.
+        Short, for Ray's unix socket paths; keyed by the GCS port, which no two running stacks share."""
         return Path(tempfile.gettempdir()) / f"rayline-ray-{self.ray_port}"

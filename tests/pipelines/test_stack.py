@@ -15,6 +15,7 @@ from pipelines.config import from_dict
 from pipelines.ray_node import alive_nodes, worker_node_ports
 
 ROOT = stack.PROJECT_ROOT
+RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
 
 
 @pytest.fixture()
@@ -53,8 +54,7 @@ def test_up_twice_env_job_nodes_down(mini_cfg, tmp_path):
         job_dir = tmp_path / "job"
         job_dir.mkdir()
         (job_dir / "hello.py").write_text("import ray\nray.init()\nprint('CPUS', ray.cluster_resources()['CPU'])\n")
-        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-        job = subprocess.run([ray_cli, "job", "submit", "--working-dir", str(job_dir), "--", "python", "hello.py"],
+        job = subprocess.run([RAY_CLI, "job", "submit", "--working-dir", str(job_dir), "--", "python", "hello.py"],
                              capture_output=True, text=True, env=job_env, timeout=300)
         assert job.returncode == 0 and "CPUS" in job.stdout, job.stdout[-2000:] + job.stderr[-2000:]
 
@@ -143,9 +143,8 @@ def test_a_job_runs_on_the_stack_it_was_submitted_to_when_another_started_later(
         stack.up(mini_cfg, parts=["ray"])
         stack.up(later, parts=["ray"])
         assert mini_cfg.ray_temp_dir != later.ray_temp_dir
-        job = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "job", "submit", "--working-dir",
-                              str(job_dir), "--", "python", "where.py"], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, **stack.env_vars(mini_cfg)})
+        job = subprocess.run([RAY_CLI, "job", "submit", "--working-dir", str(job_dir), "--", "python", "where.py"],
+                             capture_output=True, text=True, timeout=300, env={**os.environ, **stack.env_vars(mini_cfg)})
         assert job.returncode == 0 and f"GCS 127.0.0.1:{mini_cfg.ray_port}" in job.stdout, job.stdout[-2000:]
     finally:
         stack.down(later, grace_s=2)
