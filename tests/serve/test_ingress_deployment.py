@@ -107,9 +107,11 @@ def test_the_ingress_replicas_split_and_shadow_to_the_challenger(ingress_app, se
         shadowed = [post_chat(ingress_app["base_url"], f"user-{i}") for i in range(3)]
         assert [fp for fp, _ in shadowed] == [own] * 3, shadowed  # a client never gets the challenger's answer
         deadline = time.time() + 60
-        while (sides := http_json(f"{ingress_app['root']}{STATS_PATH}?since={since}")[1]["sides"])["challenger"][
-                "shadow"] < 3 and time.time() < deadline:
-            time.sleep(0.5)  # the copies are sent after the answer
+        # Both sides are counted once their answer is done: the copies when the challenger answered them, and the
+        # champion's in the ingress after its last chunk went out, which can come after the client read it.
+        while ((sides := http_json(f"{ingress_app['root']}{STATS_PATH}?since={since}")[1]["sides"])["challenger"][
+                "shadow"] < 3 or sides["champion"]["requests"] < 3) and time.time() < deadline:
+            time.sleep(0.5)
         assert sides["challenger"]["shadow"] == 3 and sides["challenger"]["errors"] == 0, sides
         assert sides["champion"]["requests"] == 3, sides
     finally:
