@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
-from bench.serve_load import LoadResult, combine  # noqa: E402
+from bench.serve_load import LoadResult, combine, tail_note  # noqa: E402
 from bench.serve_servers import (  # noqa: E402
     ENGINE, MUST_MATCH, SERVE, RaylineApp, VllmServer, busy_setup, cpu_seconds, small_model, timed_load,
     use_local_stack,
@@ -174,6 +174,10 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{r.ttft_p50:8.3f}s {r.ttft_p99:8.3f}s")
     for v, r in zip(results[VLLM], results["rayline"]):
         print(f"TTFT p50 rayline vs vllm server ({v.concurrency} streams): {r.ttft_p50 / v.ttft_p50:.2f}x")
+    for label in ("rayline", VLLM):
+        for r in results[label]:
+            if note := tail_note(r, args.rounds, args.spread, label.split(",")[0]):
+                print(note)
     if rollout_s is not None:
         print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
     ratios: dict = {}

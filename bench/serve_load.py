@@ -48,6 +48,26 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
 
 
+MIN_TAIL_SAMPLES = 500
+"""TTFTs a p99 is read from before it is a figure: with fewer, it is one of the 5 slowest, and one slow request moves
+it (2026-12-06: 1.32x and 1.08x at 64 streams, 15 minutes apart, on 256 and 768 samples)."""
+
+
+def tail_note(result: LoadResult, rounds: int, spread: float, label: str, min_samples: int = MIN_TAIL_SAMPLES) -> str | None:
+    """A line saying a pooled TTFT p99 rests on too few samples, with the --requests that would give enough; None when
+    there are min_samples or more. A round times every request in lockstep (spread 0), and under a steady flow every
+    request after each client's first (timed_ttfts)."""
+    n = len(result.ttfts)
+    if n >= min_samples:
+        return None
+    rank = n - int(round(0.99 * (n - 1)))
+    untimed = result.concurrency if spread else 0
+    enough = -(-min_samples // rounds) + untimed
+    which = "the slowest" if rank == 1 else f"the {rank}{ {2: 'nd', 3: 'rd'}.get(rank, 'th')}-slowest"
+    return (f"note: TTFT p99 of {label} at {result.concurrency} streams is {which} of {n} samples: "
+            f"one slow request moves it; --requests {enough} gives {min_samples} or more")
+
+
 async def _one(client, url: str, prompt: str, max_tokens: int, model: str) -> tuple[float, int]:
     """One streamed completion -> (time to first token, output tokens)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
