@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.batch_report import pool, report  # noqa: E402
+from bench.batch_figures import pool, report  # noqa: E402
 from bench.equal_terms import busy_threads, process_tree, round_order, thread_times  # noqa: E402
 
 ENGINE = {  # serve.engine.EngineConfig fields, shared by (b) and (c)

@@ -1,10 +1,10 @@
-"""bench/batch_report.py: rounds pooled, ratios only on equal set-ups, and a note when the job is too short."""
+"""bench/batch_figures.py: rounds pooled, ratios only on equal set-ups, and a note when the job is too short."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench.batch_report import MIN_GENERATION_S, pool, report, short_job_note
+from bench.batch_figures import MIN_GENERATION_S, pool, report, short_job_note
 
 
 def part(generated_s: float, startup_s: float, tokens: int = 139_432) -> dict:
