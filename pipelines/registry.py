@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -32,7 +34,12 @@ TAG_GIT_COMMIT = "rayline.git_commit"
 TAG_CONFIG_HASH = "rayline.config_hash"
 TAG_RAY_JOB_ID = "rayline.ray_job_id"
 TAG_STAGE = "rayline.stage"
-TAG_CHECKPOINT_URI = "rayline.checkpoint_uri"
+TAG_CHECKPOINT_URI = "rayline.checkpoint_uri"  # where it was exported: for people; never what is served
+TAG_WEIGHTS_DIGEST = "rayline.weights_digest"  # sha256 digest of the version's files (pipelines/weights_manifest.py)
+TAG_WEIGHTS_MANIFEST = "rayline.weights_manifest"  # the manifest's artifact URI on the producing run
+# On eval runs: which version they scored (with TAG_WEIGHTS_DIGEST, the bytes).
+TAG_MODEL_NAME = "rayline.model_name"
+TAG_MODEL_VERSION = "rayline.model_version"
 TAG_SOURCE_RUN = "rayline.source_run_id"
 TAG_ADAPTER = "rayline.adapter"  # "lora": the version is an adapter of the version TAG_BASE_MODEL names
 TAG_LORA_RANK = "rayline.lora_rank"
@@ -139,30 +146,58 @@ def register_checkpoint(
     name: str, source_uri: str, run_id: str | None = None, tags: dict[str, str] | None = None,
     description: str | None = None,
 ) -> ModelVersion:
-    """Register an exported Hugging Face checkpoint directory (local path or s3:// URI) as a new version of `name`.
+    """Register an exported Hugging Face checkpoint directory (local path or s3:// URI) as a new version of `name`,
+    with the sha256 manifest of its files (pipelines/weights_manifest.py).
 
-    Remote checkpoints are registered in place (source = the URI). MLflow refuses local paths as a
-    version source, so a local checkpoint is uploaded into the run's artifacts (`checkpoint/`) and the
-    version's source is that artifact; the local path stays in the `rayline.checkpoint_uri` tag.
+    Remote checkpoints are registered in place (source = the URI). MLflow refuses local paths as a version source,
+    so a local checkpoint is uploaded into the run's artifacts under `checkpoints/<digest>` (content-addressed:
+    never overwritten by another checkpoint of the same run) and the version's source is that artifact. The
+    source is the only location ever served; `rayline.checkpoint_uri` keeps the export path for people. The
+    manifest is an artifact of the run (`manifests/<digest>.json`) and its digest the tag `rayline.weights_digest`.
     """
     from mlflow.exceptions import MlflowException
 
+    from pipelines import weights_manifest
+
     c = client()
+    manifest = weights_manifest.build(source_uri)
+    short = manifest["digest"][:16]
     source = source_uri
+    tags = dict(tags or {})
+    if run_id:
+        with tempfile.TemporaryDirectory(prefix="rayline-manifest-") as tmp:
+            path = Path(tmp) / f"{manifest['digest']}.json"
+            path.write_text(weights_manifest.to_json(manifest))
+            c.log_artifact(run_id, str(path), "manifests")
+        artifact_root = c.get_run(run_id).info.artifact_uri.rstrip("/")
+        tags[TAG_WEIGHTS_MANIFEST] = f"{artifact_root}/manifests/{manifest['digest']}.json"
     if not storage.is_remote(source_uri):
         if run_id is None:
             raise ValueError(f"{source_uri}: registering a local checkpoint needs the run_id that produced it")
-        c.log_artifacts(run_id, storage.resolve(source_uri)[1], "checkpoint")
-        source = f"{c.get_run(run_id).info.artifact_uri.rstrip('/')}/checkpoint"
+        c.log_artifacts(run_id, storage.resolve(source_uri)[1], f"checkpoints/{short}")
+        source = f"{artifact_root}/checkpoints/{short}"
     try:
         c.get_registered_model(name)
     except MlflowException:
         c.create_registered_model(name, description="rayline fine-tuned causal LM (Hugging Face checkpoint)")
-    tags = dict(tags or {})
     tags[TAG_CHECKPOINT_URI] = source_uri
+    tags[TAG_WEIGHTS_DIGEST] = manifest["digest"]
     if run_id:
         tags.setdefault(TAG_SOURCE_RUN, run_id)
     return c.create_model_version(name, source=source, run_id=run_id, tags=tags, description=description)
+
+
+def registered_manifest(mv: ModelVersion) -> dict | None:
+    """The manifest the version was registered with (its run's artifact), or None when it has none."""
+    uri = mv.tags.get(TAG_WEIGHTS_MANIFEST)
+    if not uri:
+        return None
+    import mlflow.artifacts
+
+    try:
+        return json.loads(mlflow.artifacts.load_text(uri))
+    except Exception:  # unreadable or gone: the digest alone still decides, only the per-file names are lost
+        return None
 
 
 def set_alias(name: str, alias: str, version: int | str) -> None:
@@ -220,20 +255,44 @@ def get_version(ref: str) -> ModelVersion:
 def resolve_model_uri(ref: str, cache_dir: str | Path | None = None) -> str:
     """A model reference -> a URI or local directory holding its Hugging Face checkpoint.
 
-    Paths and s3:// URIs pass through. For `models:/` references: the exported checkpoint when this
-    machine can read it (an s3:// URI, or a local path that exists here), else the version's MLflow
-    artifacts downloaded into `cache_dir`.
+    Paths and s3:// URIs pass through. A `models:/` reference resolves to its version's `source` and nothing else
+    (no tag can redirect it): an s3:// source as it is, a `models:/` source (a version copied from another
+    registered model, as the MLflow UI's "Promote model" does) through that version, any other source (MLflow
+    artifacts) downloaded into `cache_dir/<name>-v<version>-<digest>`. Whoever loads it checks the bytes
+    (serve/engine.py `resolve_checkpoint` against the registered manifest).
     """
     if not str(ref).startswith("models:/"):
         return str(ref)
     mv = get_version(ref)
-    exported = mv.tags.get(TAG_CHECKPOINT_URI) or mv.source
-    if storage.is_s3(exported) or (not storage.is_remote(exported) and storage.exists(exported)):
-        return exported
-    target = Path(cache_dir or Path.home() / ".cache" / "rayline" / "models") / f"{mv.name}-v{mv.version}"
+    return source_uri(mv, cache_dir)
+
+
+def origin_version(mv: ModelVersion) -> ModelVersion:
+    """The version whose files `mv` is: itself, or for a copy (source `models:/NAME/N`, as the MLflow UI's "Promote
+    model" and `copy_model_version` make) the version it was copied from, followed to the end. Its tags hold the
+    registered digest and manifest, and its eval runs are the evidence."""
+    seen = 0
+    while mv.source.startswith("models:/"):
+        seen += 1
+        if seen > 4:
+            raise LookupError(f"models:/{mv.name}/{mv.version}: its chain of copies ({mv.source}) is too deep")
+        mv = get_version(mv.source)
+    return mv
+
+
+def source_uri(mv: ModelVersion, cache_dir: str | Path | None = None) -> str:
+    """Where `mv`'s bytes are, as resolve_model_uri describes."""
+    mv = origin_version(mv)
+    source = mv.source
+    if storage.is_s3(source):
+        return source
+    digest = (mv.tags.get(TAG_WEIGHTS_DIGEST) or "nodigest")[:16]
+    target = Path(cache_dir or Path.home() / ".cache" / "rayline" / "models") / f"{mv.name}-v{mv.version}-{digest}"
     if not ((target / "config.json").exists() or (target / "adapter_config.json").exists()):  # a model or an adapter
         import mlflow.artifacts
 
-        mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(target.parent / f".{target.name}"))
-        os.replace(target.parent / f".{target.name}" / Path(mv.source).name, target)
+        staging = target.parent / f".{target.name}.{os.getpid()}"
+        mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(staging))
+        os.replace(staging / Path(source).name, target)
+        shutil.rmtree(staging, ignore_errors=True)
     return str(target)

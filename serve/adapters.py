@@ -29,10 +29,12 @@ class Adapter:
     rank: int
 
     def pinned(self) -> dict:
-        """The adapter as a serving `user_config` entry names it: {ref (one version), source, name, version, label}."""
+        """The adapter as a serving `user_config` entry names it: {ref (one version), source, name, version, label,
+        digest (of the files checked here: the replica loads them only if they still hash to it)}."""
         i = self.info
         ref = f"models:/{i.name}/{i.version}" if i.name and i.version else i.ref
-        return {"ref": ref, "source": self.path, "name": i.name, "version": i.version, "label": i.label}
+        return {"ref": ref, "source": self.path, "name": i.name, "version": i.version, "label": i.label,
+                "digest": i.digest}
 
 
 def resolve_adapter(ref: str, base_path: str, base: eng.ModelInfo, cache_dir: str | Path | None = None,

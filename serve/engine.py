@@ -249,6 +249,8 @@ class ModelInfo:
     alias: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     """The model version's MLflow tags (its lineage: dataset version, base model, source run, ...)."""
+    digest: str | None = None
+    """sha256 digest of the files loaded (pipelines/weights_manifest.py), checked against the registered one."""
 
     @property
     def label(self) -> str:
@@ -277,14 +279,50 @@ def resolve_model(ref: str, cache_dir: str | Path | None = None) -> tuple[str, M
 
 
 def resolve_checkpoint(ref: str, cache_dir: str | Path | None = None) -> tuple[str, ModelInfo]:
-    """Any checkpoint reference (a full model or an adapter) -> (local directory, ModelInfo), not checked."""
+    """Any checkpoint reference (a full model or an adapter) -> (local directory, ModelInfo), its bytes checked
+    (`checked_digest`) before any engine loads them."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     name = version = alias = None
     tags: dict[str, str] = {}
+    mv = None
     if ref.startswith("models:/"):
         mv = registry.get_version(ref)
         name, version, tags = mv.name, str(mv.version), dict(mv.tags)
         alias = registry.parse_model_ref(ref)[2]
-    uri = registry.resolve_model_uri(ref, cache)
-    return storage.local_copy(uri, cache), ModelInfo(ref=ref, uri=uri, name=name, version=version, alias=alias,
-                                                     tags=tags)
+        uri = registry.source_uri(mv, cache)
+    else:
+        uri = ref
+    local = storage.local_copy(uri, cache)
+    return local, ModelInfo(ref=ref, uri=uri, name=name, version=version, alias=alias, tags=tags,
+                            digest=checked_digest(local, mv))
+
+
+def checked_digest(uri: str, mv=None) -> str:
+    """The sha256 digest of the checkpoint at `uri` (local or s3://). For a registry version `mv` it must be the
+    digest it was registered with: a file changed, added or missing since raises `ManifestMismatch` naming it."""
+    from pipelines import weights_manifest
+
+    if mv is None:
+        return weights_manifest.build(uri)["digest"]
+    mv = registry.origin_version(mv)
+    registered = mv.tags.get(registry.TAG_WEIGHTS_DIGEST)
+    if not registered:
+        raise weights_manifest.ManifestMismatch(
+            f"{mv.name}/{mv.version}: registered without a weights manifest ({registry.TAG_WEIGHTS_DIGEST} tag); "
+            "register it again with pipelines.registry.register_checkpoint so its bytes can be checked")
+    return weights_manifest.verify(uri, registered, registry.registered_manifest(mv),
+                                   what=f"{mv.name}/{mv.version}")["digest"]
+
+
+def check_pinned_bytes(pinned: dict[str, Any]) -> str:
+    """In a serving replica, before its engine loads anything: the files at `pinned["source"]` must hash to the
+    digest the rollout's gate approved (`pinned["digest"]`, set in the app's args). Returns the digest; raises
+    `ManifestMismatch` naming the changed, added or missing file otherwise, so the replica never starts on them."""
+    from pipelines import weights_manifest
+
+    label = pinned.get("label") or pinned.get("ref") or pinned.get("source")
+    if not pinned.get("digest"):
+        raise weights_manifest.ManifestMismatch(
+            f"{label}: the app pins no weights digest for {pinned.get('source')}; deploy it through "
+            "pipelines.serve or pipelines.rollout, which pin the bytes they checked")
+    return weights_manifest.verify(pinned["source"], pinned["digest"], what=label)["digest"]

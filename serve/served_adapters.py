@@ -79,8 +79,12 @@ class AdapterSet:
 
         from serve.engine import default_cache_dir
 
+        from serve.engine import check_pinned_bytes
+
         source = spec["source"]
         path = await asyncio.to_thread(storage.local_copy, source, self.cache_dir or default_cache_dir())
+        # The adapter's bytes as the gate checked them, or it never reaches the engine every other adapter shares.
+        await asyncio.to_thread(check_pinned_bytes, {**spec, "source": path})
         models = self._models()
         request = LoRARequest(lora_name=f"{self.client_name(name)}@{spec['label']}",
                               lora_int_id=models.lora_id_counter.inc(1), lora_path=path)

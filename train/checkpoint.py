@@ -59,13 +59,18 @@ class TrainerState:
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    """Every RNG's state as tensors, ints and strings only, so that it loads with `weights_only=True`: a checkpoint
+    lives on shared storage, and unpickling anything else from there could run code."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
+                                                     cached],
+            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     random.setstate(state["python"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -175,5 +180,5 @@ def load_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: to
         scheduler.load_state_dict(state.scheduler)
     rng_file = directory / rng_file_name(rank)
     if rng_file.exists():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(torch.load(rng_file, weights_only=True))
     return state

@@ -9,8 +9,9 @@ its adapter only, in PEFT's format (train/lora.py).
 from __future__ import annotations
 
 import json
-import shutil
+import secrets
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -55,11 +56,14 @@ def write_hf_checkpoint(state_dict: dict[str, torch.Tensor], base_model_dir: str
 def export_model(model: torch.nn.Module, base_model_dir: str, export_uri: str, dtype: torch.dtype, info: dict,
                  rank: int) -> str:
     """Collective: gather the weights and, on rank 0, write the HF checkpoint (under LoRA: PEFT's adapter
-    directory) to `export_uri` (local or s3://)."""
+    directory) into a new directory under `export_uri` (local or s3://) and return it. A directory once written
+    is never written again: a registered version's source keeps the bytes it was registered and evaluated with
+    (a re-export after a restart goes to a directory of its own)."""
     lora = is_lora(model)
     state_dict = full_state_dict(model, trained_only=lora)
     if rank != 0:
         return export_uri
+    export_uri = storage.join(export_uri, f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(4)}")
 
     def write(out_dir) -> None:
         if lora:
@@ -68,14 +72,9 @@ def export_model(model: torch.nn.Module, base_model_dir: str, export_uri: str, d
             write_hf_checkpoint(state_dict, base_model_dir, out_dir, dtype, info)
 
     if not storage.is_remote(export_uri):
-        target = Path(storage.resolve(export_uri)[1])
-        if target.exists():
-            shutil.rmtree(target)  # a re-export after a restart replaces the partial one
-        write(target)
+        write(Path(storage.resolve(export_uri)[1]))
         return export_uri
     with tempfile.TemporaryDirectory(prefix="rayline-export-") as tmp:
         write(tmp)
-        if storage.exists(export_uri):
-            storage.delete_tree(export_uri)
         storage.copy_tree(tmp, export_uri)
     return export_uri

@@ -72,8 +72,10 @@ def training_run(cfg: TrainConfig, plan: RunPlan, parent_run_id: str | None = No
 
 
 def register_export(cfg: TrainConfig, plan: RunPlan, run_id: str, final_step: int,
-                    extra_tags: dict[str, str] | None = None, model_name: str | None = None) -> tuple[str, str] | None:
-    """Register the export as a version of `model_name` (default cfg.mlflow.register_as), once per final step.
+                    extra_tags: dict[str, str] | None = None, model_name: str | None = None,
+                    export_uri: str = "") -> tuple[str, str] | None:
+    """Register the export at `export_uri` (the directory the run wrote: train/export.py never reuses one) as a
+    version of `model_name` (default cfg.mlflow.register_as), once per final step.
 
     Returns (name, version), or None when registration is off. A re-submitted finished run gets its
     existing version back instead of a duplicate.
@@ -86,7 +88,7 @@ def register_export(cfg: TrainConfig, plan: RunPlan, run_id: str, final_step: in
     if tags.get(TAG_FINAL_STEP) == str(final_step) and tags.get(TAG_MODEL_VERSION, "").startswith(f"{name}/"):
         return name, tags[TAG_MODEL_VERSION].split("/", 1)[1]
     version_tags = {**run_tags(cfg, plan), **(extra_tags or {}), TAG_FINAL_STEP: str(final_step)}
-    mv = registry.register_checkpoint(name, plan.export_uri, run_id=run_id, tags=version_tags,
+    mv = registry.register_checkpoint(name, export_uri or plan.export_uri, run_id=run_id, tags=version_tags,
                                       description=f"{cfg.run_name} step {final_step}")
     client.set_tag(run_id, TAG_MODEL_VERSION, f"{name}/{mv.version}")
     client.set_tag(run_id, TAG_FINAL_STEP, str(final_step))

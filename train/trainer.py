@@ -142,7 +142,7 @@ def main(cfg: TrainConfig) -> TrainResult:
         client.set_tag(run_id, TAG_LATEST_CHECKPOINT, result.checkpoint_uri)
         client.set_tag(run_id, TAG_EXPORT_URI, result.export_uri)
         if result.export_uri and result.final_step >= plan.total_steps:
-            registered = register_export(cfg, plan, run_id, result.final_step)
+            registered = register_export(cfg, plan, run_id, result.final_step, export_uri=result.export_uri)
             if registered:
                 result.model_name, result.model_version = registered
     return result

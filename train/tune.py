@@ -38,6 +38,8 @@ class TrialSummary:
     metric: float | None
     finished: bool
     """Ran every planned step and exported (ASHA-stopped trials did not)."""
+    export_uri: str = ""
+    """Where the trial's final export was written (a fresh directory per export: never overwritten)."""
 
 
 @dataclass
@@ -114,7 +116,7 @@ def _summaries(cfg: TuneConfig, results, parent_run_id: str, total_steps: int) -
             trial_id=trial_id, run_name=run.info.run_name if run else "",
             mlflow_run_id=run.info.run_id if run else None,
             sampled={k: res.config.get(k) for k in cfg.space}, step=step, metric=metrics.get(cfg.metric),
-            finished=bool(metrics.get("export_uri")) and step >= total_steps,
+            finished=bool(metrics.get("export_uri")) and step >= total_steps, export_uri=metrics.get("export_uri") or "",
         ))
         stopped = not out[-1].finished and getattr(res, "error", None) is None
         if run and (run.info.status == "RUNNING" or (stopped and run.info.status == "FAILED")):
@@ -192,7 +194,8 @@ def main(cfg: TuneConfig) -> TuneResult:
         version_tags = {TAG_TUNE_SEARCH: cfg.search_name, TAG_TUNE_PARENT: parent_id,
                         TAG_TUNE_TRIAL: result.best.trial_id, TAG_TUNE_METRIC: f"{cfg.metric}={result.best.metric:.6g}"}
         registered = register_export(best_cfg, best_plan, result.best.mlflow_run_id, result.best.step, version_tags,
-                                     model_name=cfg.register_as or base.mlflow.register_as)
+                                     model_name=cfg.register_as or base.mlflow.register_as,
+                                     export_uri=result.best.export_uri)
         if registered:
             result.model_name, result.model_version = registered
             client.set_tag(parent_id, "rayline.model_version", f"{registered[0]}/{registered[1]}")

@@ -78,3 +78,19 @@ def test_a_checkpoint_resumes_only_with_the_worker_count_that_wrote_it(tmp_path)
     with pytest.raises(WorldSizeMismatch, match=r"checkpoint_step000003: this checkpoint was written by 2 workers "
                                                 r"but the run now has 1; resume it with scaling\.num_workers=2"):
         load_checkpoint(run / "checkpoint_step000003", *fresh(), rank=0)
+
+
+def test_rng_state_loads_without_unpickling(tmp_path):
+    """The RNG file on shared storage loads with weights_only=True (no pickle), and restores every generator."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from train.checkpoint import rng_state, set_rng_state
+
+    torch.save(rng_state(), tmp_path / "rng_rank0.pt")
+    drawn = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(torch.load(tmp_path / "rng_rank0.pt", weights_only=True))
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(drawn[0], again[0]) and (drawn[1] == again[1]).all() and drawn[2] == again[2]

@@ -104,15 +104,16 @@ def test_only_the_adapter_trains_is_checkpointed_and_exported(one_process_group,
         assert torch.equal(again.eval()(input_ids=ids).logits, logits)
 
     # The export is PEFT's adapter directory; peft and transformers load it onto the base and compute the same.
-    export_model(model, str(tiny_model_dir), str(tmp_path / "export"), torch.float32, {"run_name": "t"}, rank=0)
-    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS,
-                                                                        "rayline_export.json"]
-    config = json.loads((tmp_path / "export" / ADAPTER_CONFIG).read_text())
+    export = Path(export_model(model, str(tiny_model_dir), str(tmp_path / "export"), torch.float32, {"run_name": "t"},
+                               rank=0))
+    assert export.parent == tmp_path / "export"  # a directory of its own under the run's export/: never reused
+    assert sorted(p.name for p in export.iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS, "rayline_export.json"]
+    config = json.loads((export / ADAPTER_CONFIG).read_text())
     assert (config["r"], config["lora_alpha"], sorted(config["target_modules"])) == (4, 8.0, ["q_proj", "v_proj"])
     assert config["base_model_name_or_path"] == "models:/b/3"
-    in_peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "export")
+    in_peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), export)
     in_transformers = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    in_transformers.load_adapter(str(tmp_path / "export"))
+    in_transformers.load_adapter(str(export))
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with torch.no_grad():
         for loaded in (in_peft, in_transformers):

@@ -110,7 +110,8 @@ def test_export_loads_in_transformers_and_reproduces_the_final_eval_loss(referen
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg, result = reference
-    assert result.export_uri == storage.join(cfg.checkpoint.storage_path, cfg.run_name, "export")
+    # A fresh directory per export under the run's export/, so a registered version's bytes are never overwritten.
+    assert result.export_uri.startswith(storage.join(cfg.checkpoint.storage_path, cfg.run_name, "export") + "/")
     local = Path(storage.local_copy(result.export_uri, tmp_path))
     files = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
     assert all((local / name).exists() for name in files), sorted(p.name for p in local.iterdir())
