@@ -11,8 +11,11 @@ binds only 127.0.0.1. Ports are derived from the proxy port P so several stores 
 
 `prepare()` only writes files and returns argvs; the caller starts them (in order, foreground, one
 PID each, logs on stdout/stderr), stops them with SIGTERM and polls `healthy()`. Servers run with
-`workers = 0` (no fork) to stay small on a 2-core box. Credentials are tempauth's
-`test:tester` / `testing`; `s3_env()` gives the AWS_* variables for boto3, pyarrow and Ray.
+`workers = 0` (no fork) to stay small on a 2-core box. The S3 keys are made at random once per state dir and
+kept in `state_dir/"credentials"/"s3"` (`username`: the access key `<account>:<user>`, `password`: the secret key;
+0600 files, as a Kubernetes basic-auth Secret holds them); tempauth's well-known `test:tester` / `testing` are
+not configured. The proxy's config names the secret key, so it is 0600 too. `s3_env()` gives the AWS_* variables
+for boto3, pyarrow and Ray.
 /etc/swift/swift.conf (hash suffix, storage policy) is read from /etc: Swift hard-codes that path.
 The proxy also loads a small filter written next to the configs (`rayline_s3compat.py`, see below)
 so DeleteObjects from current AWS SDKs works.
@@ -22,18 +25,20 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import subprocess
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipelines.secret_files import private_dir, read_login, write_login, write_secret
+
 SWIFT_BINARIES: tuple[str, ...] = (
     "swift-proxy-server", "swift-object-server", "swift-container-server", "swift-account-server",
     "swift-ring-builder", "memcached",
 )
-ACCESS_KEY = "test:tester"  # tempauth "<account>:<user>"
-SECRET_KEY = "testing"
+ACCOUNT = "rayline"  # tempauth's access key is "<account>:<user>"; the user is random per state dir
 REGION = "us-east-1"
 PART_POWER = 8  # 256 partitions: plenty for one device, keeps rings tiny
 _BACKENDS = (("object", 1), ("container", 2), ("account", 3))  # (ring/server, offset from proxy port)
@@ -121,7 +126,19 @@ use = egg:swift#{kind}
 """
 
 
-def _proxy_conf(swift_dir: Path, port: int, memcached_port: int) -> str:
+def login_dir(state: Path) -> Path:
+    return Path(state) / "credentials" / "s3"
+
+
+def keys(state: Path) -> tuple[str, str]:
+    """(access key, secret key) of the store under `state`, made at random (0600 files) when absent."""
+    folder = login_dir(state)
+    if not (folder / "password").exists():
+        write_login(folder, f"{ACCOUNT}:{secrets.token_hex(6)}", secrets.token_hex(24))
+    return read_login(folder)
+
+
+def _proxy_conf(swift_dir: Path, port: int, memcached_port: int, access_key: str, secret_key: str) -> str:
     filters = ["catch_errors", "gatekeeper", "healthcheck", "listing_formats", "bulk", "copy",
                "slo", "dlo", "versioned_writes"]
     simple = "".join(f"\n[filter:{name}]\nuse = egg:swift#{name}\n" for name in filters)
@@ -150,7 +167,7 @@ memcache_servers = 127.0.0.1:{memcached_port}
 
 [filter:tempauth]
 use = egg:swift#tempauth
-user_test_tester = {SECRET_KEY} .admin
+user_{access_key.replace(":", "_")} = {secret_key} .admin
 
 [filter:s3api]
 use = egg:swift#s3api
@@ -161,9 +178,13 @@ paste.filter_factory = {_SHIM_MODULE}:filter_factory
 {simple}"""
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str, secret: bool = False) -> None:
     # Only touch files whose content changed, so re-running prepare() is cheap and idempotent.
-    if not path.exists() or path.read_text() != text:
+    if path.exists() and path.read_text() == text:
+        return
+    if secret:
+        write_secret(path, text)
+    else:
         path.write_text(text)
 
 
@@ -195,7 +216,7 @@ def prepare(state_dir: Path, port: int = 8080, memcached_port: int = 11211) -> l
     """
     if reason := available():
         raise RuntimeError(reason)
-    swift_dir = Path(state_dir).resolve() / "swift"
+    swift_dir = private_dir(Path(state_dir).resolve() / "swift")
     (swift_dir / "devices" / "d1").mkdir(parents=True, exist_ok=True)
     procs: list[tuple[str, list[str]]] = []
     memcached = [shutil.which("memcached"), "-l", "127.0.0.1", "-p", str(memcached_port),
@@ -211,7 +232,7 @@ def prepare(state_dir: Path, port: int = 8080, memcached_port: int = 11211) -> l
         _write(conf, _server_conf(swift_dir, kind, bport))
         procs.append((f"swift-{kind}", [shutil.which(f"swift-{kind}-server"), str(conf), "-v"]))
     conf = swift_dir / "proxy-server.conf"
-    _write(conf, _proxy_conf(swift_dir, port, memcached_port))
+    _write(conf, _proxy_conf(swift_dir, port, memcached_port, *keys(state_dir)), secret=True)
     _write(swift_dir / f"{_SHIM_MODULE}.py", _SHIM_SOURCE)
     # `env` execs the server, so the PID is still the proxy's; PYTHONPATH makes the shim importable.
     procs.append(("swift-proxy", [shutil.which("env"), f"PYTHONPATH={swift_dir}",
@@ -219,12 +240,13 @@ def prepare(state_dir: Path, port: int = 8080, memcached_port: int = 11211) -> l
     return procs
 
 
-def s3_env(port: int = 8080) -> dict[str, str]:
-    """AWS_* variables pointing boto3 / pyarrow / Ray at the store on `port`."""
+def s3_env(state: Path, port: int = 8080) -> dict[str, str]:
+    """AWS_* variables pointing boto3 / pyarrow / Ray at the store on `port` with the keys of `state`."""
+    access_key, secret_key = keys(state)
     return {
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_ACCESS_KEY_ID": access_key,
+        "AWS_SECRET_ACCESS_KEY": secret_key,
         "AWS_DEFAULT_REGION": REGION,
         # s3api (Swift 2.30) does not understand the CRC32 checksums newer SDKs send by default.
         "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
@@ -232,7 +254,8 @@ def s3_env(port: int = 8080) -> dict[str, str]:
     }
 
 
-def _client(port: int, timeout: float = 30.0):
+def client(port: int, access_key: str, secret_key: str, timeout: float = 30.0):
+    """A boto3 S3 client for the store on `port` with these keys (path-style, no proxy, no CRC32 checksums)."""
     import boto3  # lazy: keeps this module importable (and available()) without boto3
     from botocore.config import Config
 
@@ -243,29 +266,31 @@ def _client(port: int, timeout: float = 30.0):
         connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 2},
         proxies={},  # loopback: never go through an HTTP(S)_PROXY from the environment
     )
-    return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id=ACCESS_KEY,
-                        aws_secret_access_key=SECRET_KEY, region_name=REGION, config=cfg)
+    return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id=access_key,
+                        aws_secret_access_key=secret_key, region_name=REGION, config=cfg)
 
 
-def healthy(port: int = 8080) -> bool:
+def healthy(state: Path, port: int = 8080) -> bool:
     """True when the proxy and all three backends answer /healthcheck and S3 ListBuckets works."""
+    if not (login_dir(state) / "password").exists():
+        return False  # never prepared: no store of ours runs
     try:
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # ignore *_proxy
         for p in (port, *backend_ports(port).values()):
             with direct.open(f"http://127.0.0.1:{p}/healthcheck", timeout=2) as r:
                 if r.status != 200:
                     return False
-        _client(port, timeout=5).list_buckets()  # exercises memcached, tempauth, s3api, account
+        client(port, *keys(state), timeout=5).list_buckets()  # exercises memcached, tempauth, s3api, account
         return True
     except Exception:
         return False
 
 
-def ensure_bucket(name: str, port: int = 8080) -> None:
+def ensure_bucket(state: Path, name: str, port: int = 8080) -> None:
     """Create bucket `name` unless it already exists."""
     from botocore.exceptions import ClientError
 
-    s3 = _client(port)
+    s3 = client(port, *keys(state))
     try:
         s3.head_bucket(Bucket=name)
         return

@@ -4,7 +4,9 @@ Everything lives under `state_dir/"prometheus"`: the config written by `prepare(
 and `ray_nodes.json`, a link to the service-discovery file Ray's head writes into its session dir (one
 target per Ray node: its metrics agent, which exports Ray's, Ray Serve's, vLLM's and rayline's own
 metrics). Prometheus scrapes those, the MLflow server's `/metrics` and itself, and evaluates the
-project's alert rules (`observability/prometheus/alerts.yml`). It binds 127.0.0.1 only.
+project's alert rules (`observability/prometheus/alerts.yml`). It binds 127.0.0.1 only, and runs without its
+lifecycle API (/-/reload, /-/quit) and admin API (TSDB deletion, snapshots): on loopback any local process could
+call them unauthenticated (Prometheus re-reads its config on SIGHUP, which only the user's own processes send).
 
 `query()` is the HTTP API client the tests, the demo and the dashboards' checks use.
 """
@@ -60,14 +62,15 @@ def scrape_config(state: Path, port: int, mlflow_port: int, interval_s: float) -
 
 
 def prepare(state: Path, port: int, mlflow_port: int, interval_s: float) -> list[str]:
-    """Write the config under the state dir; return the server's argv (foreground, logs on stderr)."""
+    """Write the config under the state dir; return the server's argv (foreground, logs on stderr, no lifecycle
+    or admin API)."""
     root = folder(state)
     (root / "data").mkdir(parents=True, exist_ok=True)
     config = root / "prometheus.yml"
     config.write_text(yaml.safe_dump(scrape_config(state, port, mlflow_port, interval_s), sort_keys=False))
     return [shutil.which("prometheus") or "prometheus", f"--config.file={config}",
             f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle", "--storage.tsdb.retention.time=15d"]
+            "--storage.tsdb.retention.time=15d"]
 
 
 def link_ray_targets(state: Path, session_dir: str) -> Path:

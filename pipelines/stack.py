@@ -7,10 +7,12 @@
     python -m pipelines.stack env                         exports for a shell or a job (eval "$(...)")
     python -m pipelines.stack down                        stop what `up` started, by PID; data is kept
 
-Everything binds to 127.0.0.1 and lives under the state dir (default `.rayline/`): process ids and
+Everything binds to 127.0.0.1 and lives under the state dir (default `.rayline/`, 0700): process ids and
 the config in `stack.json`, logs in `logs/`, the MLflow SQLite store and artifacts in `mlflow/`, the
-Ray auth token in `ray_auth_token`, Swift's rings and objects in `swift/`, Prometheus's config and TSDB in
-`prometheus/` (pipelines/prometheus.py). What each part runs is pipelines/stack_parts.py. Each process runs in
+Ray auth token in `ray_auth_token`, the other secrets in `credentials/` (S3 keys, the webhook secret, Redis's TLS
+key; each made at random once per state dir, 0600 from creation, pipelines/secret_files.py), Swift's rings and
+objects in `swift/`, Prometheus's config and TSDB in `prometheus/` (pipelines/prometheus.py). No secret goes on a
+command line: processes get file paths. What each part runs is pipelines/stack_parts.py. Each process runs in
 the foreground of its own session, so `down` can stop exactly the processes it started.
 """
 
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -33,8 +34,9 @@ from pipelines import gcs_store, objectstore, prometheus, stack_parts
 from pipelines.config import ConfigError, apply_overrides, from_dict, to_dict
 from pipelines.processes import kill_session_and_wait, pid_alive, ray_session_dir
 from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_name, worker_node_ports
+from pipelines.secret_files import ensure_secret, private_dir
 from pipelines.stack_config import PROJECT_ROOT, StackConfig
-from pipelines.stack_parts import env_vars, ray_token, ray_token_path, runs_prometheus
+from pipelines.stack_parts import env_vars, ray_token, ray_token_path, runs_prometheus, webhook_secret_path
 
 
 def port_busy(port: int) -> bool:
@@ -83,7 +85,7 @@ def part_healthy(cfg: StackConfig, part: str) -> bool:
     if part == "mlflow":
         return _http_ok(f"http://127.0.0.1:{cfg.mlflow_port}/health")
     if part == "s3":
-        return objectstore.healthy(cfg.s3_port)
+        return objectstore.healthy(cfg.state, cfg.s3_port)
     if part == "prometheus":
         return prometheus.healthy(cfg.prometheus_port)
     if part == "redis":
@@ -126,13 +128,11 @@ def _spawn(state: Path, name: str, argv: list[str], extra_env: dict[str, str]) -
 def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
     """Start every part (or only `parts`: "redis", "ray", "mlflow", "s3", "prometheus", "nodes") that is not already healthy;
     wait until each answers. Idempotent. `notes` in the result says why a part that is on did not start."""
-    state = cfg.state
-    state.mkdir(parents=True, exist_ok=True)
+    state = private_dir(cfg.state)  # 0700: the credentials, logs and data of every part are the user's alone
+    private_dir(state / "credentials")  # before any part makes its own folder in it (mkdir's parents get 0755)
     (state / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
-    token = ray_token_path(cfg)
-    if not token.exists():
-        token.write_text(secrets.token_hex(32))
-        token.chmod(0o600)
+    ensure_secret(ray_token_path(cfg))
+    ensure_secret(webhook_secret_path(cfg))
     namespace = _gcs_namespace(cfg) if cfg.gcs_redis else ""
     specs = {part: procs for part, procs in stack_parts.specs(cfg, namespace).items() if parts is None or part in parts}
     if "s3" in specs:
@@ -188,7 +188,7 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
     for part in specs:
         _wait_healthy(cfg, part, specs[part], data, deadline, ready.get(part))
     if "s3" in specs:
-        objectstore.ensure_bucket(cfg.bucket, cfg.s3_port)
+        objectstore.ensure_bucket(state, cfg.bucket, cfg.s3_port)
     if "prometheus" in specs and "ray-head" in data["pids"]:
         session = ray_session_dir([data["pids"]["ray-head"]])
         if session:

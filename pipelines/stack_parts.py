@@ -53,6 +53,12 @@ def ray_token_path(cfg: StackConfig) -> Path:
     return cfg.state / "ray_auth_token"
 
 
+def webhook_secret_path(cfg: StackConfig) -> Path:
+    """The HMAC secret MLflow signs its webhook deliveries with and `pipelines.rollout --watch` checks them by
+    (serve/webhook.py); `up` makes it, `stack env` names it (RAYLINE_WEBHOOK_SECRET_FILE)."""
+    return cfg.state / "credentials" / "webhook_secret"
+
+
 def ray_token(cfg: StackConfig) -> str | None:
     """The stack's Ray auth token (None before the first `up`)."""
     path = ray_token_path(cfg)
@@ -70,9 +76,10 @@ def env_vars(cfg: StackConfig) -> dict[str, str]:
         "RAY_AUTH_TOKEN_PATH": str(ray_token_path(cfg)),
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{cfg.mlflow_port}",
         "RAYLINE_SERVE_URL": f"http://127.0.0.1:{cfg.serve_port}",
+        "RAYLINE_WEBHOOK_SECRET_FILE": str(webhook_secret_path(cfg)),
     }
     if cfg.s3:
-        env.update(objectstore.s3_env(cfg.s3_port))
+        env.update(objectstore.s3_env(cfg.state, cfg.s3_port))
         env["RAYLINE_BUCKET"] = cfg.bucket
     if runs_prometheus(cfg):
         env["RAYLINE_PROMETHEUS_URL"] = f"http://127.0.0.1:{cfg.prometheus_port}"
@@ -105,7 +112,7 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
     # resolves its adapters' aliases (serve/served_adapters.py), as a KubeRay pod does with the profile's URI.
     ray_env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{cfg.mlflow_port}"
     if cfg.s3:
-        ray_env.update(objectstore.s3_env(cfg.s3_port))
+        ray_env.update(objectstore.s3_env(st, cfg.s3_port))
     if runs_prometheus(cfg):
         # The Ray dashboard's metrics views read this Prometheus.
         ray_env["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{cfg.prometheus_port}"
@@ -114,10 +121,9 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
     ray_argv += autoscaler_argv
     head_env = {**ray_env, **autoscaler_env}
     if cfg.gcs_redis:
-        redis_argv, redis_env = gcs_store.head_options(st, cfg.redis_port, gcs_namespace)
         # Through the launcher: a head started again after its GCS died meets the worker nodes that wait for it.
-        ray_argv = [python(), "-m", "pipelines.ray_node", *ray_argv[2:], *redis_argv]
-        head_env.update(redis_env)
+        ray_argv = [python(), "-m", "pipelines.ray_node", *ray_argv[2:]]
+        head_env.update(gcs_store.head_env(st, cfg.redis_port, gcs_namespace))
     mlflow_argv = [
         python(), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(cfg.mlflow_port),
         "--backend-store-uri", f"sqlite:///{st / 'mlflow' / 'mlflow.db'}",
