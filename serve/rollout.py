@@ -14,7 +14,6 @@ One attempt (`Rollout.once`), when `NAME@alias` is not the version the app serve
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -333,7 +332,7 @@ class Rollout:
 
         receiver = None
         if cfg.webhook_port:
-            secret = os.environ.get(cfg.webhook_secret_env) or None
+            secret = cfg.webhook_secret()  # none: a ConfigError, the watch does not start
             aliases = (cfg.alias, cfg.canary.alias) if cfg.canary.steps and not cfg.adapter else cfg.alias
             receiver = WebhookReceiver(self.name, aliases, on_alias, cfg.webhook_host, cfg.webhook_port,
                                        cfg.webhook_path, secret).start()

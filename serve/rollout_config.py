@@ -149,8 +149,10 @@ class Config:
     """Port of the MLflow webhook receiver in watch mode (0 = none)."""
     webhook_host: str = "127.0.0.1"
     webhook_path: str = "/mlflow-webhook"
-    webhook_secret_env: str = "RAYLINE_WEBHOOK_SECRET"
-    """Environment variable holding the webhook's HMAC secret (unset: signatures are not checked)."""
+    webhook_secret_file: str = ""
+    """File holding the HMAC secret MLflow signs webhook deliveries with (on Kubernetes, a Secret mounted as a file);
+    "" = $RAYLINE_WEBHOOK_SECRET_FILE (`python -m pipelines.stack env` names the local stack's). Required with
+    `webhook_port`: the receiver refuses unsigned deliveries and does not start without it."""
     register_webhook: bool = False
     """Create the `model_version_alias.created` webhook in MLflow at start (watch mode)."""
     webhook_url: str = ""
@@ -168,6 +170,23 @@ class Config:
             require(bool(self.kubernetes.name), "kubernetes.name", "must name the RayService when target is kubernetes")
             require(bool(self.kubernetes.serve_url), "kubernetes.serve_url",
                     "must give the OpenAI base URL of the RayService for the smoke request")
+
+    def webhook_secret(self) -> str:
+        """The webhook's HMAC secret, read from `webhook_secret_file` (or $RAYLINE_WEBHOOK_SECRET_FILE); a
+        ConfigError naming the field and the file when there is none."""
+        from pipelines.config import ConfigError
+        from pipelines.secret_files import read_secret
+
+        path = self.webhook_secret_file or os.environ.get("RAYLINE_WEBHOOK_SECRET_FILE", "")
+        require(bool(path), "webhook_secret_file", f"webhook_port={self.webhook_port} needs the secret MLflow signs "
+                "deliveries with: name a file holding it here or in RAYLINE_WEBHOOK_SECRET_FILE (the local stack's "
+                "is <state dir>/credentials/webhook_secret)")
+        try:
+            secret = read_secret(path)
+        except OSError as e:
+            raise ConfigError(f"webhook_secret_file: cannot read {path}: {e.strerror}") from None
+        require(bool(secret), "webhook_secret_file", f"{path} is empty")
+        return secret
 
 
 # rayjobs/stages.py names the rollout config class this way.
