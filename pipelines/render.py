@@ -1,8 +1,10 @@
-"""Render a stage config into a validated KubeRay manifest (RayJob, or RayService for serving).
+"""Render a stage config into a validated KubeRay manifest (RayJob, or RayService for serving) and its cluster's
+NetworkPolicy.
 
     python -m pipelines.render --stage data|train|tune|batch_infer|rollout|serve --config configs/...yaml
                                [--profile configs/k8s/default.yaml] [--image IMAGE] [-o rayjobs/FILE.yaml]
-    python -m pipelines.render --shipped     # re-render every manifest in rayjobs/ from configs/
+    python -m pipelines.render --shipped     # re-render every manifest in rayjobs/ from configs/, and the
+                                             # namespace's (Namespace, NetworkPolicies, ServiceAccounts, RBAC)
     python -m pipelines.render --podmonitor [--podmonitor-label release=prometheus] [-o FILE]
                                # a Prometheus Operator PodMonitor for every rayline Ray pod (rayjobs/monitoring.py)
 """
@@ -70,12 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             results = {args.out: render.render_to_file(args.stage, args.config, args.out, profile, args.overrides,
                                                        args.crd_dir)}
         else:
-            from rayjobs.validate import validate_manifest
-
-            doc = render.render(args.stage, args.config, profile, args.overrides)
-            results = {"<stdout>": validate_manifest(doc, crd_dir=args.crd_dir, project_root=stages.PROJECT_ROOT)}
+            docs = render.render_documents(args.stage, args.config, profile, args.overrides)
+            results = {"<stdout>": render.validate_rendered(docs, profile, args.crd_dir)}
             if not results["<stdout>"]:
-                print(yaml.safe_dump(doc, sort_keys=False))
+                print(yaml.safe_dump_all(docs, sort_keys=False))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -1,10 +1,14 @@
 """Submit a stage to a Ray cluster through the Jobs API, as `ray job submit --working-dir .` does.
 
-    python -m pipelines.submit --stage data --config configs/data/sample.yaml [--address URL] [key=value ...]
+    python -m pipelines.submit --stage data --config configs/data/sample.yaml [--address URL] [--env NAME=VALUE]
+                               [key=value ...]
 
 Same entrypoint and runtime env as the stage's RayJob (rayjobs/stages.py); the working_dir is a snapshot of
 the project's code and configs (pipelines/job_package.py), never logs or data left in the
 checkout. The config is validated locally first, so a bad field fails before anything is uploaded.
+The job's env carries its role (RAYLINE_ROLE), the caller's non-secret pointers (stages.FORWARDED_ENV) and
+`--env`; never a secret: every holder of the cluster's token can read a job's runtime_env back, so a variable
+named like one (..._TOKEN, ..._SECRET..., ..._PASSWORD, ..._KEY) is refused, and credentials come from the cluster.
 Logs stream to stdout; the exit code is 0 only when the job SUCCEEDED; a job still running
 after `--timeout` seconds (default 3600) is stopped. The raw equivalent:
 
@@ -66,10 +70,13 @@ def _follow_logs(client, job_id: str, out, seconds: float) -> None:
 def submit_stage(
     stage: str, config: str, overrides: list[str] | None = None, address: str | None = None,
     wait: bool = True, stream=None, timeout_s: float = 3600, submission_id: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> SubmitResult:
     """Validate the config, submit the stage as a Ray job, optionally stream its logs until it ends.
 
-    A job still running `timeout_s` after submission is stopped and TimeoutError raised (logs streaming or not).
+    `env`: more env vars for the job; one named like a secret raises stages.SecretInRuntimeEnv before anything
+    is sent. A job still running `timeout_s` after submission is stopped and TimeoutError raised (logs streaming
+    or not).
     """
     from ray.job_submission import JobSubmissionClient
 
@@ -78,6 +85,7 @@ def submit_stage(
         load_config(stages.config_class(st), config, overrides)
     except ConfigError as e:
         raise ConfigError(f"not submitted: {e}") from None
+    job_env = stages.submission_env(st, env)
     from pipelines.ray_cluster import reload_auth_config
 
     reload_auth_config()  # this process may have read Ray's config before the stack's env was set
@@ -86,7 +94,7 @@ def submit_stage(
     try:
         job_id = client.submit_job(
             entrypoint=stages.entrypoint(st, config, overrides),
-            runtime_env=stages.job_runtime_env(str(package), stages.forwarded_env()),
+            runtime_env=stages.job_runtime_env(str(package), job_env),
             submission_id=submission_id,
             metadata={"rayline.stage": stage},
         )
@@ -116,11 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", default=None, help="Ray dashboard URL (default $RAY_ADDRESS)")
     p.add_argument("--no-wait", action="store_true", help="submit and return the job id")
     p.add_argument("--timeout", type=float, default=3600, help="seconds to wait before stopping the job")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an env var for the job (repeatable); secrets are refused: the cluster must hold them")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
+    env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            print("error: an --env argument is not NAME=VALUE (not shown: it may hold a secret)", file=sys.stderr)
+            return 2
+        env[name] = value
     try:
         result = submit_stage(args.stage, args.config, args.overrides, args.address, wait=not args.no_wait,
-                              stream=sys.stdout, timeout_s=args.timeout)
+                              stream=sys.stdout, timeout_s=args.timeout, env=env)
     except (ConfigError, ValueError, PackageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

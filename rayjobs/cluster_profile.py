@@ -1,16 +1,19 @@
-"""The Kubernetes side of a deployment: image, namespace, secrets, pod sizes, accelerators.
+"""The Kubernetes side of a deployment: image, namespace, secrets, pod sizes, accelerators, network peers.
 
 A stage config says *what* to run and how many workers/GPUs it needs; this profile says *where*:
-`configs/k8s/default.yaml` mirrors `Profile`. Secrets are only ever referenced by name
-(secretKeyRef), never inlined.
+`configs/k8s/default.yaml` mirrors `Profile`. Secrets are only ever referenced by name (secretKeyRef or a
+Secret volume), never inlined.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pipelines.config import require
+from pipelines.config import ConfigError, require
 
 RAY_VERSION = "2.60.0"
 
@@ -50,11 +53,86 @@ class GpuNodes:
 @dataclass
 class SecretRefs:
     s3: str | None = "rayline-s3"
-    """Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY."""
-    mlflow: str | None = "rayline-mlflow"
-    """Secret with keys MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (optional)."""
+    """Read/write object-store Secret of the jobs: keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. None: the
+    pods get their access another way (e.g. workload identity)."""
+    s3_read_only: str | None = "rayline-s3-read-only"
+    """The same keys for a read-only identity: serving pods only read the model they serve."""
+    mlflow_prefix: str | None = "rayline-mlflow"
+    """Each role's MLflow login is the Secret `<prefix>-<role>` (type kubernetes.io/basic-auth: username, password),
+    mounted as files, never as env values; roles: trainer, evaluator, rollout, reader. None: no login."""
     hf: str | None = "rayline-hf"
     """Secret with key HF_TOKEN (optional)."""
+    openai_keys: str | None = "rayline-openai-keys"
+    """Serving pods' Secret with key `keys.json`: the hashed OpenAI API keys the app accepts."""
+
+    def __post_init__(self):
+        require(self.s3 is None or self.s3_read_only != self.s3, "s3_read_only",
+                f"must name a Secret other than s3 ({self.s3!r}): serving pods must not hold the jobs' write access")
+
+
+# Private and link-local IPv4 ranges: the cluster's pods and Services, and the cloud metadata endpoint (169.254.169.254).
+PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16")
+
+
+@dataclass
+class Peer:
+    """The other side of a flow: pods labelled `pod_labels` in `namespace` (None: any namespace), or addresses.
+
+    For a destination, `ports` are the ports its pods listen on: a NetworkPolicy matches the pod's port, not a
+    Service's."""
+
+    namespace: str | None = None
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    cidrs: list[str] = field(default_factory=list)
+    except_cidrs: list[str] = field(default_factory=list)
+    """Carved out of `cidrs` (each must lie inside one of them)."""
+    ports: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        by_pods = self.namespace is not None or bool(self.pod_labels)
+        require(by_pods != bool(self.cidrs), "cidrs",
+                "give either cidrs or namespace/pod_labels (one kind of peer per flow)")
+        nets = [self._network("cidrs", c) for c in self.cidrs]
+        for c in self.except_cidrs:
+            inner = self._network("except_cidrs", c)
+            require(any(inner.version == n.version and inner.subnet_of(n) for n in nets), "except_cidrs",
+                    f"{c} lies inside none of cidrs {self.cidrs}")
+        require(all(0 < p < 65536 for p in self.ports), "ports", f"must be TCP/UDP ports, got {self.ports}")
+
+    @staticmethod
+    def _network(name: str, cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        try:
+            return ipaddress.ip_network(cidr)
+        except ValueError as e:
+            raise ConfigError(f"{name}: {cidr!r} is not a CIDR ({e})") from None
+
+
+@dataclass
+class Network:
+    """Where the flows rayline's pods need go (rayjobs/network_policy.py); everything else is denied."""
+
+    dns: Peer = field(default_factory=lambda: Peer("kube-system", {"k8s-app": "kube-dns"}, ports=[53]))
+    object_store: Peer = field(default_factory=lambda: Peer(cidrs=["0.0.0.0/0"], except_cidrs=list(PRIVATE_CIDRS),
+                                                            ports=[443]))
+    """AWS S3 by default: any public address (S3's are not fixed), never a private or link-local one, so this rule
+    opens neither the cluster's own Services (the API server's included) nor the cloud's metadata endpoint.
+    An in-cluster store: its namespace and pod labels."""
+    mlflow: Peer = field(default_factory=lambda: Peer("mlflow", ports=[5000]))
+    gateway: Peer = field(default_factory=lambda: Peer("ingress-nginx"))
+    """Who may reach the serving pods' port 8000 (the ingress controller or gateway in front of them)."""
+    prometheus: Peer = field(default_factory=lambda: Peer("monitoring", {"app.kubernetes.io/name": "prometheus"},
+                                                          ports=[9090]))
+    """Scrapes the metrics port (8080); `ports`: its query API, which the rollout's canary reads."""
+    kuberay_operator: Peer = field(default_factory=lambda: Peer(pod_labels={"app.kubernetes.io/name": "kuberay-operator"}))
+    """Reaches each head's dashboard (8265: job and Serve status) and Serve port (8000: proxy health)."""
+    kube_api: Peer = field(default_factory=lambda: Peer(cidrs=["0.0.0.0/0"], except_cidrs=["169.254.0.0/16"],
+                                                        ports=[443, 6443]))
+    """The API server, for the rollout and autoscaler containers only. CNIs differ on whether they see the Service
+    port (443) or the endpoint's (6443); narrow the CIDR to your control plane's. Never the metadata endpoint."""
+
+    def __post_init__(self):
+        for name in ("dns", "object_store", "mlflow", "prometheus", "kube_api"):
+            require(bool(getattr(self, name).ports), f"{name}.ports", "a destination needs the ports its pods listen on")
 
 
 @dataclass
@@ -105,7 +183,8 @@ class Profile:
     namespace: str = "rayline"
     image: str = f"rayproject/ray-llm:{RAY_VERSION}-py311-cu128"
     """Must carry Ray {RAY_VERSION} and rayline's code + dependencies (see README, 'Images')."""
-    service_account: str = "rayline"
+    image_digest: str | None = None
+    """`sha256:<64 hex>`: pods pull `image@<digest>`, so a re-pushed tag cannot change what runs. None: the tag."""
     working_dir: str | None = None
     """Remote working_dir for jobs (e.g. s3://bucket/rayline.zip); None when the code is in the image."""
     code_dir: str = "/home/ray/rayline"
@@ -114,6 +193,13 @@ class Profile:
     s3_endpoint: str | None = None
     """AWS_ENDPOINT_URL for a non-AWS object store; None on AWS."""
     secrets: SecretRefs = field(default_factory=SecretRefs)
+    run_as_user: int = 1000
+    run_as_group: int = 100
+    """The image's non-root user and group (rayproject images: `ray`, uid 1000, gid 100)."""
+    home_dir: str = "/home/rayline"
+    """HOME of every container: a writable emptyDir, since the root filesystem is read-only (Hugging Face, vLLM,
+    Triton and rayline's model caches live under it). Must not hide `code_dir`."""
+    network: Network = field(default_factory=Network)
     head: PodSize = field(default_factory=lambda: PodSize("2", "8Gi"))
     cpu_worker: PodSize = field(default_factory=lambda: PodSize("8", "32Gi"))
     max_cpu_workers: int = 8
@@ -135,3 +221,24 @@ class Profile:
         require(self.ttl_seconds_after_finished >= 0, "ttl_seconds_after_finished", "must be >= 0")
         require(self.active_deadline_seconds > 0, "active_deadline_seconds", "must be > 0")
         require(self.submitter_backoff_limit >= 0, "submitter_backoff_limit", "must be >= 0")
+        require(self.image_digest is None or re.fullmatch(r"sha256:[0-9a-f]{64}", self.image_digest) is not None,
+                "image_digest", f"must be sha256:<64 lowercase hex digits>, got {self.image_digest!r}")
+        require(self.run_as_user > 0, "run_as_user", "must be a non-root uid (> 0)")
+        require(self.home_dir.startswith("/") and not (self.code_dir + "/").startswith(self.home_dir.rstrip("/") + "/"),
+                "home_dir", f"must be an absolute path that does not contain code_dir ({self.code_dir})")
+        self._check_port("mlflow_tracking_uri", "mlflow")
+        if self.s3_endpoint:
+            self._check_port("s3_endpoint", "object_store")
+
+    def _check_port(self, name: str, peer: str) -> None:
+        """The port the URL `name` names must be one `network.<peer>` lets pods reach, or every call would time out."""
+        url, ports = getattr(self, name), getattr(self.network, peer).ports
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+        require(port in ports, name, f"{url} uses port {port}, which network.{peer}.ports ({ports}) does not allow; "
+                                     "add it there")
+
+    @property
+    def image_ref(self) -> str:
+        """What pods pull: the image, pinned to its digest when the profile gives one."""
+        return f"{self.image}@{self.image_digest}" if self.image_digest else self.image

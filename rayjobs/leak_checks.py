@@ -16,6 +16,8 @@ from rayjobs.crd_schema import child_path
 _EXPOSED_PORTS = {8265: "dashboard", 6379: "GCS", 10001: "Ray client"}
 _SECRET_WORDS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "APIKEY", "CREDENTIALS", "CREDENTIAL"}
 _NOT_SECRET_SUFFIXES = {"PATH", "FILE", "DIR", "URL", "URI", "HOST", "PORT", "ENDPOINT", "NAME", "TYPE", "REGION"}
+# rayline's names for where a credential is mounted (rayjobs/credentials.py): a path, never the credential itself.
+_POINTERS = {"RAYLINE_MLFLOW_CREDENTIALS"}
 Add = Callable[[str, str], None]
 
 
@@ -30,6 +32,10 @@ def _dig(obj: Any, *keys: str) -> Any:
 
 
 def looks_secret(name: str) -> bool:
+    """Whether an env var called `name` holds a secret: a secret word (TOKEN, SECRET, PASSWORD, KEY, ...) not
+    followed by a word that makes it a pointer (..._FILE, ..._URL, ...)."""
+    if name.upper() in _POINTERS:
+        return False
     words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
     return bool(words) and any(w in _SECRET_WORDS for w in words) and words[-1] not in _NOT_SECRET_SUFFIXES
 

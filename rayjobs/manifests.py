@@ -1,9 +1,11 @@
 """Build KubeRay `ray.io/v1` RayJob and RayService objects from a workload shape and a cluster profile.
 
-Pure functions from (Shape, Profile, ...) to plain dicts; `rayjobs/render.py` derives the shape from a
-stage config and writes the YAML. Security defaults: secrets only through secretKeyRef, Ray token
-auth on (`authOptions.mode: token`), the head Service stays ClusterIP (no dashboard/GCS/client port
-exposed outside the cluster), a dedicated serviceAccount.
+Pure functions from (Shape, Profile, Role, ...) to plain dicts; `rayjobs/render.py` derives the shape from a
+stage config and writes the YAML. Security defaults: Ray token auth on (`authOptions.mode: token`), the head
+Service stays ClusterIP (no dashboard/GCS/client port exposed outside the cluster), every pod restricted
+(rayjobs/pod_security.py) under its role's ServiceAccount with its role's credentials only, secrets by
+secretKeyRef or Secret volume (rayjobs/credentials.py), and labels its cluster's NetworkPolicy selects
+(rayjobs/network_policy.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import yaml
 
 from pipelines.ray_env import SERVE_PROCESS_ENV
 from rayjobs.cluster_profile import RAY_VERSION, Profile
+from rayjobs.credentials import role_env, role_volumes
+from rayjobs.pod_security import autoscaler_options, harden_pod, kube_api_token_volume
+from rayjobs.roles import CLUSTER_LABEL, KUBE_API_LABEL, POD_LABELS, ROLE_LABEL, ROLES, SERVING, Role
 
 
 @dataclass(frozen=True)
@@ -43,25 +48,8 @@ def k8s_name(text: str, limit: int = 47) -> str:
     return name[:limit].rstrip("-")
 
 
-def _env(profile: Profile, extra: dict[str, str] | None = None) -> list[dict]:
-    env = [
-        {"name": "MLFLOW_TRACKING_URI", "value": profile.mlflow_tracking_uri},
-        {"name": "AWS_REQUEST_CHECKSUM_CALCULATION", "value": "when_required"},
-    ]
-    if profile.s3_endpoint:
-        env.append({"name": "AWS_ENDPOINT_URL", "value": profile.s3_endpoint})
-    refs = profile.secrets
-    for secret, keys, optional in (
-        (refs.s3, ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), False),
-        (refs.mlflow, ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"), True),
-        (refs.hf, ("HF_TOKEN",), True),
-    ):
-        if secret:
-            for key in keys:
-                ref = {"name": secret, "key": key, "optional": True} if optional else {"name": secret, "key": key}
-                env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
-    env += [{"name": k, "value": v} for k, v in (extra or {}).items()]
-    return env
+def _env(profile: Profile, role: Role, extra: dict[str, str] | None = None) -> list[dict]:
+    return role_env(profile, role) + [{"name": k, "value": v} for k, v in (extra or {}).items()]
 
 
 def _container(name: str, profile: Profile, cpu: str, memory: str, gpus: int, env: list[dict],
@@ -70,7 +58,7 @@ def _container(name: str, profile: Profile, cpu: str, memory: str, gpus: int, en
     if gpus:
         limits["nvidia.com/gpu"] = gpus
     c = {
-        "name": name, "image": profile.image, "imagePullPolicy": "IfNotPresent", "env": copy.deepcopy(env),
+        "name": name, "image": profile.image_ref, "imagePullPolicy": "IfNotPresent", "env": copy.deepcopy(env),
         "resources": {"requests": dict(limits), "limits": dict(limits)},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
@@ -84,30 +72,46 @@ def _container(name: str, profile: Profile, cpu: str, memory: str, gpus: int, en
 # Where each Ray node's metrics agent serves Prometheus metrics (Ray's, Serve's, vLLM's and rayline's own);
 # the port is named so a PodMonitor (rayjobs/monitoring.py) can select it.
 METRICS_PORT = ("metrics", 8080)
-POD_LABELS = {"app.kubernetes.io/name": "rayline"}
+SERVE_PORT, DASHBOARD_PORT = 8000, 8265
 
 
-def _pod(container: dict, profile: Profile, gpu: bool, accelerator_type: str | None = None) -> dict:
+def _labels(role: Role, cluster: str, kube_api: bool = False) -> dict[str, str]:
+    """A pod's labels: rayline's, its role, its Ray cluster (rayjobs/network_policy.py selects on them)."""
+    return {**POD_LABELS, ROLE_LABEL: role.name, CLUSTER_LABEL: cluster, **({KUBE_API_LABEL: "true"} if kube_api else {})}
+
+
+def _pod(container: dict, profile: Profile, role: Role, cluster: str, gpu: bool = False,
+         accelerator_type: str | None = None, kube_api: bool = False, token_volume: bool = False) -> dict:
+    """A restricted pod (rayjobs/pod_security.py) with the role's credentials (rayjobs/credentials.py).
+    `kube_api`: the Ray container calls the Kubernetes API (the rollout's driver); `token_volume`: only a sidecar
+    does (the autoscaler), through a projected token."""
+    volumes, mounts = role_volumes(profile, role)
+    container = {**container, "volumeMounts": container["volumeMounts"] + mounts}
     spec = {
-        "serviceAccountName": profile.service_account,
+        "serviceAccountName": role.service_account,
         "containers": [container],
         # Ray's object store and NCCL use /dev/shm; the container default (64 MiB) is far too small.
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": profile.shm_size}}],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": profile.shm_size}}, *volumes],
     }
+    if token_volume:
+        spec["volumes"].append(kube_api_token_volume())
     if gpu:
         spec["nodeSelector"] = profile.gpu.node_selector(accelerator_type)
         spec["tolerations"] = [dict(t) for t in profile.gpu.tolerations]
-    return copy.deepcopy({"metadata": {"labels": POD_LABELS}, "spec": spec})
+    harden_pod(spec, profile, kube_api)
+    return copy.deepcopy({"metadata": {"labels": _labels(role, cluster, kube_api or token_volume)}, "spec": spec})
 
 
-def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = None, serve: bool = False) -> dict:
-    """A RayCluster spec: a head that carries no work (num-cpus 0) and one worker group sized by `shape`.
-    A serving cluster's pods also carry Serve's request-path settings (SERVE_PROCESS_ENV). With a
-    `shape.min_workers` below `shape.workers` the cluster autoscales (autoscaler v2) between the two, starting
-    at the minimum."""
-    envs = _env(profile, {**SERVE_PROCESS_ENV, **(env or {})} if serve else env)
-    head_ports = [("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), METRICS_PORT] + (
-        [("serve", 8000)] if serve else [])
+def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = None, serve: bool = False,
+                 role: Role | None = None, name: str = "rayline") -> dict:
+    """A RayCluster spec for the manifest `name`: a head that carries no work (num-cpus 0) and one worker group
+    sized by `shape`, every pod acting as `role` (default: serving for `serve`, else trainer). A serving
+    cluster's pods also carry Serve's request-path settings (SERVE_PROCESS_ENV). With a `shape.min_workers` below
+    `shape.workers` the cluster autoscales (autoscaler v2) between the two, starting at the minimum."""
+    role = role or (SERVING if serve else ROLES["trainer"])
+    envs = _env(profile, role, {**SERVE_PROCESS_ENV, **(env or {})} if serve else env)
+    head_ports = [("gcs-server", 6379), ("dashboard", DASHBOARD_PORT), ("client", 10001), METRICS_PORT] + (
+        [("serve", SERVE_PORT)] if serve else [])
     head = _container("ray-head", profile, profile.head.cpu, profile.head.memory, 0, envs, head_ports)
     if shape.gpu:
         cpu, memory, group = shape.cpus_per_worker or profile.gpu.cpu, profile.gpu.memory, "gpu-workers"
@@ -123,7 +127,7 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
         "minReplicas": min_workers,
         "maxReplicas": shape.workers,
         "rayStartParams": dict(metrics_params),
-        "template": _pod(worker, profile, shape.gpu, shape.accelerator_type),
+        "template": _pod(worker, profile, role, name, shape.gpu, shape.accelerator_type),
     }
     spec = {
         "rayVersion": RAY_VERSION,
@@ -131,7 +135,9 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
         "headGroupSpec": {
             "serviceType": "ClusterIP",
             "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", **metrics_params},
-            "template": _pod(head, profile, False),
+            # The rollout's driver runs on the head; an autoscaling head's autoscaler patches its RayCluster.
+            "template": _pod(head, profile, role, name, kube_api=role.kube_api,
+                             token_volume=autoscaling and not role.kube_api),
         },
         "workerGroupSpecs": [worker_group],
     }
@@ -139,12 +145,12 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
         auto = profile.autoscaling
         spec["enableInTreeAutoscaling"] = True
         spec["autoscalerOptions"] = {"version": "v2", "idleTimeoutSeconds": auto.idle_timeout_s,
-                                     "upscalingMode": auto.upscaling_mode}
+                                     "upscalingMode": auto.upscaling_mode, **autoscaler_options(profile)}
     return spec
 
 
 def _metadata(name: str, profile: Profile, stage: str, annotations: dict[str, str] | None = None) -> dict:
-    labels = {"app.kubernetes.io/name": "rayline", "app.kubernetes.io/component": stage.replace("_", "-")}
+    labels = {**POD_LABELS, "app.kubernetes.io/component": stage.replace("_", "-")}
     if profile.kueue_queue:
         labels["kueue.x-k8s.io/queue-name"] = profile.kueue_queue
     meta = {"name": k8s_name(name), "namespace": profile.namespace, "labels": labels}
@@ -160,23 +166,36 @@ def job_shape(shape: Shape, profile: Profile) -> Shape:
     return replace(shape, min_workers=min(profile.autoscaling.min_job_workers, shape.workers))
 
 
-def rayjob(name: str, stage: str, entrypoint: str, runtime_env: dict, shape: Shape, profile: Profile,
+def submitter_template(profile: Profile, role: Role, cluster: str) -> dict:
+    """The pod KubeRay runs `ray job submit` in (K8sJobMode): KubeRay's default container and sizes, restricted like
+    every other pod and in its cluster's network group; it needs no credentials (KubeRay gives it the Ray token)."""
+    limits, requests = {"cpu": "1", "memory": "1Gi"}, {"cpu": "500m", "memory": "200Mi"}
+    spec = {"restartPolicy": "Never", "serviceAccountName": role.service_account, "containers": [{
+        "name": "ray-job-submitter", "image": profile.image_ref, "imagePullPolicy": "IfNotPresent",
+        "resources": {"requests": requests, "limits": limits}}]}
+    harden_pod(spec, profile, kube_api=False)
+    return {"metadata": {"labels": _labels(role, cluster)}, "spec": spec}
+
+
+def rayjob(name: str, stage: str, entrypoint: str, runtime_env: dict, shape: Shape, profile: Profile, role: Role,
            annotations: dict[str, str] | None = None) -> dict:
-    """A RayJob that creates its own cluster, runs `entrypoint`, and deletes the cluster afterwards."""
+    """A RayJob that creates its own cluster, runs `entrypoint` as `role`, and deletes the cluster afterwards."""
+    meta = _metadata(name, profile, stage, annotations)
     spec = {
         "entrypoint": entrypoint,
         "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True),
-        "rayClusterSpec": cluster_spec(job_shape(shape, profile), profile),
+        "rayClusterSpec": cluster_spec(job_shape(shape, profile), profile, role=role, name=meta["name"]),
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": profile.ttl_seconds_after_finished,
         "activeDeadlineSeconds": profile.active_deadline_seconds,
         "submissionMode": profile.submission_mode,
         "submitterConfig": {"backoffLimit": profile.submitter_backoff_limit},
     }
+    if profile.submission_mode == "K8sJobMode":
+        spec["submitterPodTemplate"] = submitter_template(profile, role, meta["name"])
     if profile.kueue_queue:
         spec["suspend"] = True  # Kueue un-suspends the job once it admits it.
-    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": _metadata(name, profile, stage, annotations),
-            "spec": spec}
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": spec}
 
 
 def gcs_fault_tolerance(profile: Profile) -> dict | None:
@@ -195,14 +214,14 @@ def gcs_fault_tolerance(profile: Profile) -> dict | None:
 def rayservice(name: str, serve_config: dict, shape: Shape, profile: Profile,
                annotations: dict[str, str] | None = None) -> dict:
     """A RayService running `serve_config` (the `serve deploy` schema) on a cluster sized by `shape`."""
+    meta = _metadata(name, profile, "serve", annotations)
     spec = {
         "serveConfigV2": yaml.safe_dump(serve_config, sort_keys=False),
-        "rayClusterConfig": cluster_spec(shape, profile, serve=True),
+        "rayClusterConfig": cluster_spec(shape, profile, serve=True, name=meta["name"]),
     }
     ft = gcs_fault_tolerance(profile)
     if ft:
         spec["rayClusterConfig"]["gcsFaultToleranceOptions"] = ft
     if profile.upgrade_strategy != "None":
         spec["upgradeStrategy"] = {"type": profile.upgrade_strategy}
-    return {"apiVersion": "ray.io/v1", "kind": "RayService",
-            "metadata": _metadata(name, profile, "serve", annotations), "spec": spec}
+    return {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": meta, "spec": spec}

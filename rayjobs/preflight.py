@@ -29,6 +29,7 @@
     as Ray's LLM configs do: one engine = TP x PP GPU bundles (STRICT_PACK) or one CPU bundle, from
     serve.engine.placement_group_config, on one pod; `engine.accelerator_type` on some group; and the pods must
     hold `autoscaling.min_replicas` (or `initial_replicas`) and `max_replicas` such engines at once.
+(h) pods without rayline's hardening (restricted, no needless token, credentials per role): rayjobs/hardening.py.
 """
 
 from __future__ import annotations

@@ -3,13 +3,17 @@
     python -m pipelines.render --stage train --config configs/train/tiny.yaml [--profile configs/k8s/default.yaml]
                                [--image IMAGE] [-o rayjobs/train-tiny.yaml]
 
-The entrypoint and runtime env come from rayjobs/stages.py (the same as `pipelines.submit`), the
-cluster size from the stage config (`workload_shape`), the rest from the cluster profile. Every
-rendered manifest is validated offline (rayjobs/validate.py) before it is written.
+The entrypoint, runtime env and role come from rayjobs/stages.py (the same as `pipelines.submit`), the
+cluster size from the stage config (`workload_shape`), the rest from the cluster profile. A stage's file holds
+its RayJob or RayService and, after it, the NetworkPolicy that lets that cluster's pods reach each other.
+`--shipped` also writes what the namespace needs once (`PLATFORM`): the Namespace (Pod Security restricted), the
+NetworkPolicies, a ServiceAccount per role and the rollout's Role. Every rendered document is validated offline
+(rayjobs/validate.py) before anything is written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -19,6 +23,9 @@ from pipelines.config import ConfigError, load_config
 from rayjobs import stages
 from rayjobs.cluster_profile import Profile
 from rayjobs.manifests import Shape, k8s_name, rayjob, rayservice
+from rayjobs.namespace import namespace, service_accounts
+from rayjobs.network_policy import cluster_policy, namespace_policies
+from rayjobs.roles import ROLLOUT, get_role
 
 DEFAULT_PROFILE = stages.PROJECT_ROOT / "configs" / "k8s" / "default.yaml"
 
@@ -89,42 +96,81 @@ def render(stage: str, config: str, profile: Profile, overrides: list[str] | Non
         return rayservice(name, render_serve_config(cfg), shape, profile, annotations)
     runtime_env = stages.job_runtime_env(profile.working_dir, record_commit=False)
     entry = stages.entrypoint(st, config, overrides)
-    return rayjob(name, stage, entry, runtime_env, shape, profile, annotations)
+    return rayjob(name, stage, entry, runtime_env, shape, profile, get_role(st.role), annotations)
+
+
+def render_documents(stage: str, config: str, profile: Profile, overrides: list[str] | None = None) -> list[dict]:
+    """The stage's manifest and, after it, the NetworkPolicy of the Ray cluster it creates."""
+    doc = render(stage, config, profile, overrides)
+    return [doc, cluster_policy(doc, profile)]
+
+
+def validate_rendered(docs: list[dict], profile: Profile, crd_dir: Path | None = None) -> list:
+    """Every problem of `docs`, each prefixed with the document's kind when there are several."""
+    from rayjobs.validate import validate_manifest
+
+    return [dataclasses.replace(p, path=f"{doc['kind']} {doc['metadata']['name']}: {p.path}") if len(docs) > 1 else p
+            for doc in docs
+            for p in validate_manifest(doc, crd_dir=crd_dir, project_root=stages.PROJECT_ROOT, profile=profile)]
+
+
+def _write(out: str | Path, header: str, docs: list[dict]) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(header + yaml.safe_dump_all(docs, sort_keys=False))
 
 
 def render_to_file(stage: str, config: str, out: str | Path, profile: Profile,
                    overrides: list[str] | None = None, crd_dir: Path | None = None) -> list:
     """Render, validate and write; returns the validation problems (the file is written only when there are none)."""
-    from rayjobs.validate import validate_manifest
-
-    doc = render(stage, config, profile, overrides)
-    problems = validate_manifest(doc, crd_dir=crd_dir, project_root=stages.PROJECT_ROOT)
+    docs = render_documents(stage, config, profile, overrides)
+    problems = validate_rendered(docs, profile, crd_dir)
     if not problems:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
         shown = stages.relative_config(config)  # as the job sees it; never this machine's checkout path
-        Path(out).write_text(f"# Rendered by `python -m pipelines.render --stage {stage} --config {shown}`; "
-                             "do not edit by hand.\n" + yaml.safe_dump(doc, sort_keys=False))
+        _write(out, f"# Rendered by `python -m pipelines.render --stage {stage} --config {shown}`; "
+                    "do not edit by hand.\n", docs)
     return problems
 
 
 ROLLOUT_RBAC = "rbac/rollout-rbac.yaml"  # under rayjobs/: Kubernetes objects, not Ray clusters
+_SHIPPED_HEADER = "# Rendered by `python -m pipelines.render --shipped`; do not edit by hand. "
 
 
 def render_rollout_rbac(out: str | Path, profile: Profile) -> list:
     """The rollout's Role and RoleBinding (rayjobs/rollout_rbac.py) for every shipped RayService, bound to the
-    profile's service account; validated, then written; returns the problems."""
+    rollout's service account; validated, then written; returns the problems."""
     from rayjobs.rollout_rbac import check_rbac, rollout_rbac
 
     names = [render(stage, str(stages.PROJECT_ROOT / config), profile)["metadata"]["name"]
              for stage, config in SHIPPED.values() if stages.get_stage(stage).kind == "RayService"]
-    docs = rollout_rbac(profile.namespace, names, profile.service_account)
+    docs = rollout_rbac(profile.namespace, names, ROLLOUT.service_account)
     problems = [p for doc in docs for p in check_rbac(doc)]
     if not problems:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text("# Rendered by `python -m pipelines.render --shipped`; do not edit by hand. What the rollout needs\n"
-                             "# with `target: kubernetes` (rayjobs/rollout_rbac.py), for the service account rayline's pods run as.\n"
-                             + yaml.safe_dump_all(docs, sort_keys=False))
+        _write(out, _SHIPPED_HEADER + "What the rollout needs\n# with `target: kubernetes` (rayjobs/rollout_rbac.py), "
+                                      f"for its own service account {ROLLOUT.service_account}.\n", docs)
     return problems
+
+
+# What a namespace needs once, before any stage's manifest: file under rayjobs/ -> (what it holds, its documents).
+PLATFORM = {
+    "namespace/namespace.yaml": ("The namespace, with Pod Security `restricted` enforced\n# (rayjobs/namespace.py).",
+                                 lambda profile: [namespace(profile)]),
+    "namespace/network-policies.yaml": ("Deny all traffic in the namespace, then allow what\n# rayline needs "
+                                        "(rayjobs/network_policy.py; each stage's file adds its cluster's policy).",
+                                        namespace_policies),
+    "rbac/service-accounts.yaml": ("One ServiceAccount per role; only the rollout's mounts a\n# token "
+                                   "(rayjobs/roles.py, rayjobs/namespace.py).", service_accounts),
+}
+
+
+def render_platform(out_dir: Path, profile: Profile) -> dict[str, list]:
+    """Write every PLATFORM file under `out_dir` (each only when its documents validate); problems per file."""
+    results = {}
+    for fname, (what, build) in PLATFORM.items():
+        docs = build(profile)
+        results[fname] = validate_rendered(docs, profile)
+        if not results[fname]:
+            _write(out_dir / fname, f"{_SHIPPED_HEADER}{what}\n", docs)
+    return results
 
 
 def render_shipped(out_dir: Path | None = None, profile: Profile | None = None) -> dict[str, list]:
@@ -138,4 +184,4 @@ def render_shipped(out_dir: Path | None = None, profile: Profile | None = None) 
         except (ConfigError, ValueError) as e:
             results[fname] = [str(e)]
     results[ROLLOUT_RBAC] = render_rollout_rbac(out_dir / ROLLOUT_RBAC, profile)
-    return results
+    return {**results, **render_platform(out_dir, profile)}

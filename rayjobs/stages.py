@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines import registry
+from rayjobs.leak_checks import looks_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,6 +25,8 @@ class Stage:
     """`python -m <module>` runs the stage."""
     config_class: str
     """`package.module:Class` of the stage's typed Config."""
+    role: str = "trainer"
+    """Who its pods act as (rayjobs/roles.py): their ServiceAccount, MLflow login and object-store access."""
     kind: str = "RayJob"
 
 
@@ -33,9 +36,9 @@ STAGES = {
         Stage("data", "pipelines.prepare_data", "data.config:Config"),
         Stage("train", "pipelines.train", "train.config:TrainConfig"),
         Stage("tune", "pipelines.tune", "train.tune_config:TuneConfig"),
-        Stage("batch_infer", "pipelines.batch_infer", "serve.batch.config:Config"),
-        Stage("rollout", "pipelines.rollout", "serve.rollout_config:Config"),
-        Stage("serve", "pipelines.serve", "serve.serve_config:Config", kind="RayService"),
+        Stage("batch_infer", "pipelines.batch_infer", "serve.batch.config:Config", role="evaluator"),
+        Stage("rollout", "pipelines.rollout", "serve.rollout_config:Config", role="rollout"),
+        Stage("serve", "pipelines.serve", "serve.serve_config:Config", role="reader", kind="RayService"),
     )
 }
 
@@ -45,14 +48,29 @@ WORKING_DIR_EXCLUDES = [
     ".gl/",
 ]
 
-# Variables a laptop's shell passes on to a job submitted from it (never written into manifests:
-# on Kubernetes these come from Secrets).
+# Pointers a laptop's shell passes on to a job submitted from it; never a secret. The Jobs API returns a job's
+# runtime_env to every holder of the cluster's token, so credentials come from the cluster's own environment:
+# the local stack's Ray processes and, on Kubernetes, each role's Secrets (rayjobs/credentials.py).
 FORWARDED_ENV = (
-    "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION",
-    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION",
-    "HF_TOKEN", "RAYLINE_SERVE_URL", "RAYLINE_DASHBOARD_URL",
+    "MLFLOW_TRACKING_URI", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+    "AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION", "RAYLINE_SERVE_URL", "RAYLINE_DASHBOARD_URL",
+    "RAYLINE_ROLE",
 )
+
+
+class SecretInRuntimeEnv(ValueError):
+    """A variable named like a secret was about to go into a job's runtime_env."""
+
+
+def refuse_secrets(env_vars: dict[str, str]) -> None:
+    """Raise SecretInRuntimeEnv naming the first variable of `env_vars` that looks like a secret (rayline's manifest
+    preflight rule, rayjobs/leak_checks.py); its value is never shown."""
+    for name in env_vars:
+        if looks_secret(name):
+            raise SecretInRuntimeEnv(
+                f"{name}: looks like a secret, refused: a job's env is its runtime_env, which the Jobs API shows to "
+                "every holder of the cluster's token. Give the cluster the credential instead (its Ray processes' "
+                "environment, or the role's Kubernetes Secret)")
 
 
 def get_stage(name: str) -> Stage:
@@ -85,11 +103,13 @@ def entrypoint(stage: Stage, config_path: str | Path, overrides: list[str] | Non
 
 def job_runtime_env(working_dir: str | None = ".", env_vars: dict[str, str] | None = None,
                     record_commit: bool = True) -> dict:
-    """The runtime env of a stage job: the project as working_dir (when given) and the code commit.
+    """The runtime env of a stage job: the project as working_dir (when given), `env_vars` and the code commit.
 
     The working_dir travels without `.git`, so a laptop submission records the commit here. Rendered
     manifests leave it out: their code is the image's, which sets RAYLINE_GIT_COMMIT when it is built.
+    A variable of `env_vars` named like a secret raises SecretInRuntimeEnv.
     """
+    refuse_secrets(env_vars or {})
     env = {"PYTHONUNBUFFERED": "1", **(env_vars or {})}
     if record_commit:
         env["RAYLINE_GIT_COMMIT"] = registry.git_commit()
@@ -101,5 +121,12 @@ def job_runtime_env(working_dir: str | None = ".", env_vars: dict[str, str] | No
 
 
 def forwarded_env() -> dict[str, str]:
-    """The caller's MLflow/S3/HF variables, for a job submitted from a laptop."""
+    """The caller's non-secret MLflow/S3/rayline pointers (FORWARDED_ENV), for a job submitted from a laptop."""
     return {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+
+
+def submission_env(stage: Stage, explicit: dict[str, str] | None = None) -> dict[str, str]:
+    """The env_vars of a laptop submission of `stage`: its role (as its rendered pods carry it), the caller's
+    forwarded pointers, then `explicit` (`--env NAME=VALUE`); a secret among `explicit` raises SecretInRuntimeEnv."""
+    refuse_secrets(explicit or {})
+    return {"RAYLINE_ROLE": stage.role, **forwarded_env(), **(explicit or {})}

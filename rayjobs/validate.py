@@ -3,10 +3,14 @@
 1. `crd-schema` (rayjobs.crd_schema): the KubeRay v1.7.0 CRD's OpenAPI schema and CEL rules, strict field validation.
 2. `kuberay` (rayjobs.kuberay_rules): what the operator's validation.go and RayCluster webhook reject.
 3. `ray` (rayjobs.ray_schemas): serveConfigV2, runtimeEnvYAML and entrypoint against Ray's own schemas.
-4. `preflight` (rayjobs.preflight): rayline's checks for manifests that are accepted but would hang, OOM or leak.
+4. `preflight` (rayjobs.preflight, rayjobs.hardening): rayline's checks for manifests that are accepted but would
+   hang, OOM or leak, and for pods without rayline's hardening (restricted security contexts, no needless
+   service-account token, credentials per role).
 
+The core kinds rayline renders next to its Ray objects (Namespace, ServiceAccount, Secret, NetworkPolicy, Role,
+RoleBinding) go through their own schema (rayjobs.core_schemas) and the hardening checks instead.
 A manifest that passes is "validated", not "applied": no cluster has seen it. YAML is read the way kubectl
-reads it: duplicate keys are errors and timestamps stay strings. A document whose kind has no CRD in the
+reads it: duplicate keys are errors and timestamps stay strings. A document of any other kind with no CRD in the
 CRD directory (say a ConfigMap next to the RayJob) is reported, not skipped, so nothing passes unchecked.
 """
 
@@ -18,7 +22,10 @@ from typing import Any, Iterable
 
 import yaml
 
+from rayjobs.cluster_profile import Profile
+from rayjobs.core_schemas import check_core, is_core
 from rayjobs.crd_schema import Problem, check_schema, with_defaults
+from rayjobs.hardening import check_hardening
 from rayjobs.kuberay_rules import check_kuberay_rules
 from rayjobs.preflight import check_preflight
 from rayjobs.ray_schemas import check_ray_schemas
@@ -68,21 +75,25 @@ class ValidatedDocument:
 
 
 def validate_manifest(doc: dict, crd_dir: Path | None = None, project_root: Path | None = None,
-                      feature_gates: dict[str, bool] | None = None) -> list[Problem]:
-    """Every problem in one manifest, all four layers.
+                      feature_gates: dict[str, bool] | None = None, profile: Profile | None = None) -> list[Problem]:
+    """Every problem in one manifest, all four layers (a core kind: its schema, then the hardening checks).
 
     crd_dir: directory of CRD YAMLs (default: the KubeRay v1.7.0 CRDs shipped in rayjobs/crds/v1.7.0).
     project_root: where `python -m MODULE` entrypoints and Serve import paths must be importable from
     (default: this repository). feature_gates: KubeRay operator gates that differ from v1.7.0's defaults.
+    profile: the cluster profile it was rendered with, for the Secret names (default: the built-in profile).
     """
     if not isinstance(doc, dict):
         return [Problem("", f"a manifest must be a YAML mapping, got {type(doc).__name__}", "yaml")]
+    if is_core(doc):
+        problems = check_core(doc)
+        return problems or check_hardening(doc, profile)
     problems = check_schema(doc, crd_dir)
     layers = (
         # The operator sees the object after the API server applied the CRD defaults.
         ("kuberay", lambda: check_kuberay_rules(with_defaults(doc, crd_dir), feature_gates)),
         ("ray", lambda: check_ray_schemas(doc, project_root)),
-        ("preflight", lambda: check_preflight(doc)),
+        ("preflight", lambda: check_preflight(doc) + check_hardening(doc, profile)),
     )
     for layer, run in layers:
         try:
@@ -103,7 +114,8 @@ def load_manifests(path: Path) -> list[Any]:
 
 
 def validate_documents(path: Path | str, crd_dir: Path | None = None, project_root: Path | None = None,
-                       feature_gates: dict[str, bool] | None = None) -> list[ValidatedDocument]:
+                       feature_gates: dict[str, bool] | None = None,
+                       profile: Profile | None = None) -> list[ValidatedDocument]:
     """Validate each document of one file; unreadable or unparsable files become a single `yaml` problem."""
     path = Path(path)
     try:
@@ -122,16 +134,16 @@ def validate_documents(path: Path | str, crd_dir: Path | None = None, project_ro
         source = str(path) if len(docs) == 1 else f"{path}#{n}"
         kind = str(doc.get("kind", "")) if isinstance(doc, dict) else ""
         name = str((doc.get("metadata") or {}).get("name", "")) if isinstance(doc, dict) and isinstance(doc.get("metadata"), dict) else ""
-        results.append(ValidatedDocument(source, kind, name, validate_manifest(doc, crd_dir, project_root, feature_gates)))
+        results.append(ValidatedDocument(source, kind, name, validate_manifest(doc, crd_dir, project_root, feature_gates, profile)))
     return results
 
 
 def validate_files(paths: Iterable[Path | str], crd_dir: Path | None = None, project_root: Path | None = None,
-                   feature_gates: dict[str, bool] | None = None) -> dict[str, list[Problem]]:
+                   feature_gates: dict[str, bool] | None = None, profile: Profile | None = None) -> dict[str, list[Problem]]:
     """{source: problems} for every document of every file; a source is the path, or `path#N` for the
     N-th document (1-based) of a multi-document file. Empty lists mean the document validated."""
     return {
         d.source: d.problems
         for p in paths
-        for d in validate_documents(p, crd_dir, project_root, feature_gates)
+        for d in validate_documents(p, crd_dir, project_root, feature_gates, profile)
     }

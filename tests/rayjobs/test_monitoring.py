@@ -33,7 +33,7 @@ def test_podmonitor_selects_every_shipped_ray_pod_on_its_metrics_port(profile):
     port = pm["spec"]["podMetricsEndpoints"][0]["port"]
     assert SHIPPED
     for path in SHIPPED:
-        doc = yaml.safe_load(path.read_text())
+        doc = next(yaml.safe_load_all(path.read_text()))  # the Ray object; its NetworkPolicy follows
         assert doc["metadata"]["namespace"] in pm["spec"]["namespaceSelector"]["matchNames"], path.name
         for group, spec in _pod_templates(doc):
             labels = spec["template"]["metadata"]["labels"]

@@ -9,6 +9,7 @@ from pipelines.config import ConfigError
 from rayjobs import render, stages
 from rayjobs.cluster_profile import RAY_VERSION
 from rayjobs.manifests import Shape, cluster_spec
+from rayjobs.roles import get_role
 from rayjobs.validate import validate_manifest
 
 ROOT = stages.PROJECT_ROOT
@@ -26,7 +27,17 @@ def test_shipped_manifest_is_current_and_valid(fname, profile, tmp_path):
     assert problems == []
     shipped = ROOT / "rayjobs" / fname
     assert shipped.exists(), f"rayjobs/{fname} missing: run `python -m pipelines.render --shipped`"
-    assert yaml.safe_load(shipped.read_text()) == yaml.safe_load((tmp_path / fname).read_text()), (
+    docs = list(yaml.safe_load_all(shipped.read_text()))
+    assert docs == list(yaml.safe_load_all((tmp_path / fname).read_text())), (
+        f"rayjobs/{fname} is stale: run `python -m pipelines.render --shipped`")
+    assert [d["kind"] for d in docs] == [stages.get_stage(stage).kind, "NetworkPolicy"]
+
+
+@pytest.mark.parametrize("fname", sorted(render.PLATFORM))
+def test_shipped_namespace_objects_are_current_and_valid(fname, profile, tmp_path):
+    assert render.render_platform(tmp_path, profile)[fname] == []
+    shipped = ROOT / "rayjobs" / fname
+    assert list(yaml.safe_load_all(shipped.read_text())) == list(yaml.safe_load_all((tmp_path / fname).read_text())), (
         f"rayjobs/{fname} is stale: run `python -m pipelines.render --shipped`")
 
 
@@ -39,8 +50,9 @@ def test_manifest_security_and_versions(fname, profile):
     assert cluster["headGroupSpec"]["serviceType"] == "ClusterIP"
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     pods = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    role = get_role(stages.get_stage(stage).role)
     for pod in pods:
-        assert pod["spec"]["serviceAccountName"] == profile.service_account
+        assert pod["spec"]["serviceAccountName"] == role.service_account
         for c in pod["spec"]["containers"]:
             assert RAY_VERSION in c["image"].rsplit(":", 1)[1]
             secretish = [e for e in c["env"] if any(w in e["name"] for w in ("SECRET", "TOKEN", "PASSWORD", "KEY_ID"))]
@@ -131,8 +143,9 @@ def test_serving_with_a_replica_range_autoscales_pods_with_autoscaler_v2(profile
                         ["autoscaling.min_replicas=1", "autoscaling.max_replicas=3"])
     cluster = doc["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
-    assert cluster["autoscalerOptions"] == {"version": "v2", "idleTimeoutSeconds": profile.autoscaling.idle_timeout_s,
-                                            "upscalingMode": profile.autoscaling.upscaling_mode}
+    assert cluster["autoscalerOptions"].items() >= {
+        "version": "v2", "idleTimeoutSeconds": profile.autoscaling.idle_timeout_s,
+        "upscalingMode": profile.autoscaling.upscaling_mode}.items()
     group = _worker_group(doc)
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 3)
     assert validate_manifest(doc) == []
@@ -153,7 +166,8 @@ def test_jobs_autoscale_from_the_profiles_minimum_when_asked(profile):
     doc = render.render("train", config, auto)
     cluster = doc["spec"]["rayClusterSpec"]
     assert cluster["enableInTreeAutoscaling"] is True
-    assert cluster["autoscalerOptions"] == {"version": "v2", "idleTimeoutSeconds": 120, "upscalingMode": "Conservative"}
+    assert cluster["autoscalerOptions"].items() >= {"version": "v2", "idleTimeoutSeconds": 120,
+                                                    "upscalingMode": "Conservative"}.items()
     group = _worker_group(doc)
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (0, 0, full["maxReplicas"])
     assert validate_manifest(doc) == []

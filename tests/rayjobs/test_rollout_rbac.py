@@ -10,6 +10,7 @@ import yaml
 
 from pipelines.config import load_config
 from rayjobs import render
+from rayjobs.roles import ROLLOUT
 from rayjobs.rollout_rbac import check_rbac, rollout_rbac
 from serve.app import ServedModel, render_serve_config
 from serve.deploy_target import KubeRayService
@@ -32,18 +33,19 @@ def test_the_shipped_rbac_is_current_valid_and_grants_only_get_and_patch_on_the_
         f"{SHIPPED_RBAC} is stale: run `python -m pipelines.render --shipped`")
     assert [check_rbac(d) for d in docs] == [[], []]
     role, binding = docs
-    rayservice = yaml.safe_load((ROOT / "rayjobs" / "serve-gpu.yaml").read_text())["metadata"]
+    rayservice = next(yaml.safe_load_all((ROOT / "rayjobs" / "serve-gpu.yaml").read_text()))["metadata"]
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == rayservice["namespace"]
     assert role["rules"] == [{"apiGroups": ["ray.io"], "resources": ["rayservices"],
                               "resourceNames": [rayservice["name"]], "verbs": ["get", "patch"]}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": profile.service_account,
+    # Bound to the rollout's own account only: no other role's pods can patch the RayService.
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ROLLOUT.service_account,
                                     "namespace": profile.namespace}]
 
 
 def test_the_granted_verbs_are_what_the_rollout_target_needs():
     role = next(yaml.safe_load_all(SHIPPED_RBAC.read_text()))
-    obj = yaml.safe_load((ROOT / "rayjobs" / "serve-gpu.yaml").read_text())
+    obj = next(yaml.safe_load_all((ROOT / "rayjobs" / "serve-gpu.yaml").read_text()))
     api = KubeApiStandIn(obj, verbs=tuple(role["rules"][0]["verbs"]))
     target = KubeRayService("rayline", obj["metadata"]["name"], obj["metadata"]["namespace"], api=api)
     model = ServedModel(source="s3://m/v2", ref="models:/rayline-small/2", name="rayline-small", version="2")

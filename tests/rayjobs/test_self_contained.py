@@ -47,16 +47,18 @@ def clone(tmp_path_factory) -> Path:
 def test_a_clone_validates_and_renders_with_its_own_crds(clone, tmp_path):
     where = _python(clone, "-c", "import rayjobs.crd_schema as c; print(c.DEFAULT_CRD_DIR)")
     assert Path(where.stdout.strip()) == clone / "rayjobs" / "crds" / "v1.7.0", where.stderr  # the copy runs, not this checkout
-    manifests = sorted(str(p.relative_to(clone)) for p in (clone / "rayjobs").glob("*.yaml"))
+    manifests = sorted(str(p.relative_to(clone)) for p in (clone / "rayjobs").glob("**/*.yaml")
+                       if "crds" not in p.parts)
     assert manifests
     result = _python(clone, "-m", "pipelines.validate", *manifests)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count(": validated (") == len(manifests), result.stdout
+    documents = sum(len(list(yaml.safe_load_all((clone / m).read_text()))) for m in manifests)
+    assert result.stdout.count(": validated (") == documents, result.stdout
     out = tmp_path / "data.yaml"
     result = _python(clone, "-m", "pipelines.render", "--stage", "data", "--config", "configs/data/sample.yaml", "-o", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rendered and validated" in result.stderr
-    assert yaml.safe_load(out.read_text())["kind"] == "RayJob"
+    assert [d["kind"] for d in yaml.safe_load_all(out.read_text())] == ["RayJob", "NetworkPolicy"]
 
 
 def test_a_wheel_carries_the_crds(clone, tmp_path):
@@ -72,7 +74,7 @@ def test_a_wheel_carries_the_crds(clone, tmp_path):
     install = _python(tmp_path, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel))
     assert install.returncode == 0, install.stdout + install.stderr
     check = ("import sys, yaml; from rayjobs import crd_schema as c; print(c.DEFAULT_CRD_DIR); "
-             "sys.exit(len(c.check_schema(yaml.safe_load(open(sys.argv[1])))))")
+             "sys.exit(len(c.check_schema(next(yaml.safe_load_all(open(sys.argv[1]))))))")
     result = _python(tmp_path, "-c", check, str(clone / "rayjobs" / "train-tiny.yaml"), path=site)
     assert result.returncode == 0, result.stdout + result.stderr
     assert Path(result.stdout.strip()) == site / "rayjobs" / "crds" / "v1.7.0"

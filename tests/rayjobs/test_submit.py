@@ -1,7 +1,8 @@
 """`pipelines.submit` and the README's raw `ray job submit` run a real stage on the real local Ray head.
 
 A stage submitted with `pipelines.submit.submit_stage`, its log streamed to the end, is what the demo does for each of its
-stages: tests/pipelines/test_demo.py checks the data job's streamed log."""
+stages: tests/pipelines/test_demo.py checks the data job's streamed log. No secret ever goes into a job's runtime_env
+(the Jobs API hands it to every holder of the cluster's token): the refusal tests need no stack."""
 
 import io
 import json
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import ConfigError
-from pipelines.submit import dashboard_address, submit_stage
+from pipelines.submit import dashboard_address, main, submit_stage
 from rayjobs import stages
 
 ROOT = stages.PROJECT_ROOT
@@ -66,3 +67,69 @@ def test_raw_ray_job_submit_from_readme(local_stack, sample_corpus_dir, tiny_mod
 def test_bad_config_is_refused_before_upload(local_stack):
     with pytest.raises(ConfigError, match="not submitted: .*seq_lenn: unknown field"):
         submit_stage("data", str(ROOT / "configs/data/sample.yaml"), ["seq_lenn=5"])
+
+
+SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-secret-in-env", "AWS_SESSION_TOKEN": "aws-session-in-env",
+           "MLFLOW_TRACKING_PASSWORD": "mlflow-password-in-env", "MLFLOW_TRACKING_TOKEN": "mlflow-token-in-env",
+           "HF_TOKEN": "hf-token-in-env", "MY_DB_PASSWORD": "db-password-in-env"}
+
+
+def test_a_secret_in_the_environment_never_reaches_the_jobs_runtime_env(local_stack, sample_corpus_dir, tiny_model_dir,
+                                                                         tmp_path, monkeypatch):
+    """Read back from the Jobs API, as any holder of the cluster's token can: pointers and the role, no secret."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    result = submit_stage("data", str(ROOT / "configs/data/sample.yaml"),
+                          _data_overrides(sample_corpus_dir, tiny_model_dir, tmp_path / "prepared-env"), wait=False)
+    client = JobSubmissionClient(dashboard_address(None))
+    try:
+        runtime_env = client.get_job_info(result.job_id).runtime_env
+    finally:
+        client.stop_job(result.job_id)
+    env_vars = runtime_env["env_vars"]
+    assert not set(SECRETS) & set(env_vars) and "AWS_ACCESS_KEY_ID" not in env_vars
+    dumped = json.dumps(runtime_env)
+    assert not [name for name, value in SECRETS.items() if value in dumped]
+    assert not os.environ.get("AWS_ACCESS_KEY_ID") or os.environ["AWS_ACCESS_KEY_ID"] not in dumped
+    assert env_vars["RAYLINE_ROLE"] == "trainer" and env_vars["AWS_REGION"] == "eu-west-1"
+    assert env_vars["MLFLOW_TRACKING_URI"] == os.environ["MLFLOW_TRACKING_URI"]
+    deadline = time.time() + 120
+    while client.get_job_status(result.job_id) not in (JobStatus.STOPPED, JobStatus.SUCCEEDED, JobStatus.FAILED):
+        assert time.time() < deadline
+        time.sleep(1)
+
+
+def test_forwarded_env_carries_pointers_only(monkeypatch):
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA-in-env")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("RAYLINE_ROLE", "evaluator")
+    env = stages.submission_env(stages.get_stage("data"))
+    assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000" and env["RAYLINE_ROLE"] == "evaluator"
+    assert not (set(SECRETS) | {"AWS_ACCESS_KEY_ID"}) & set(env)
+    monkeypatch.delenv("RAYLINE_ROLE")
+    assert stages.submission_env(stages.get_stage("rollout"))["RAYLINE_ROLE"] == "rollout"  # the stage's own role
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD", "DB_PASSWORD",
+                                  "X_SECRET_SALT", "OPENAI_API_KEY"])
+def test_a_secret_passed_explicitly_is_refused_before_anything_is_sent(name):
+    # No cluster listens at this address: the refusal must come before any connection.
+    with pytest.raises(stages.SecretInRuntimeEnv, match=rf"^{name}: looks like a secret, refused") as raised:
+        submit_stage("data", str(ROOT / "configs/data/sample.yaml"), address="http://127.0.0.1:9",
+                     env={"RAYLINE_SERVE_URL": "http://x", name: "value-that-must-not-show"})
+    assert "value-that-must-not-show" not in str(raised.value) and "\n" not in str(raised.value)
+    with pytest.raises(stages.SecretInRuntimeEnv, match=name):
+        stages.job_runtime_env(None, {name: "v"}, record_commit=False)
+
+
+def test_the_cli_refuses_a_secret_in_one_line_naming_it(capsys):
+    code = main(["--stage", "data", "--config", str(ROOT / "configs/data/sample.yaml"), "--address",
+                 "http://127.0.0.1:9", "--env", "HF_TOKEN=hf_value_that_must_not_show"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: HF_TOKEN: looks like a secret") and err.count("\n") == 1
+    assert "hf_value_that_must_not_show" not in err

@@ -18,15 +18,24 @@ GIB = 1024**3
 IMAGE = "rayproject/ray:2.60.0-py311"
 
 
+# What rayline's preflight asks of every container and pod (rayjobs/pod_security.py), written out by hand.
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def _pod(name: str, cpu: str, memory: str, gpus: int = 0, env: list | None = None) -> dict:
     limits = {"cpu": cpu, "memory": memory, **({"nvidia.com/gpu": gpus} if gpus else {})}
     return {"spec": {
+        "automountServiceAccountToken": False, "securityContext": copy.deepcopy(POD_SECURITY),
         "containers": [{
             "name": name, "image": IMAGE, "imagePullPolicy": "IfNotPresent",
             "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": limits},
-            "env": copy.deepcopy(env or []), "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+            "env": copy.deepcopy(env or []), "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"},
+                             {"name": "ray-logs", "mountPath": "/tmp/ray"}],
         }],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+                    {"name": "tmp", "emptyDir": {}}, {"name": "ray-logs", "emptyDir": {}}],
     }}
 
 
@@ -70,6 +79,7 @@ RAYSERVICE = {
     "spec": {
         "serveConfigV2": yaml.safe_dump(SERVE_CONFIG, sort_keys=False),
         "rayClusterConfig": {"rayVersion": "2.60.0", "enableInTreeAutoscaling": True,
+                             "autoscalerOptions": {"securityContext": copy.deepcopy(CONTAINER_SECURITY)},
                              "headGroupSpec": {**HEAD, "template": _pod("ray-head", "2", "8Gi")},
                              "workerGroupSpecs": [GPU_GROUP]},
     },
