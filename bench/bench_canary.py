@@ -51,7 +51,7 @@ def user_load(url: str, stop: threading.Event, seen: list, failed: list, clients
     """Loopback clients as random users: (time, version that answered) of each answer, each failure."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    client = OpenAI(base_url=url, max_retries=0, timeout=120)  # the key: $OPENAI_API_KEY, the stack's client key
 
     def run(i: int) -> None:
         rng = random.Random(i)
@@ -147,7 +147,7 @@ def split_cost(rollout: Rollout, canary: Canary, args) -> dict:
     start = time.time()
     canary.target.apply(render_serve_config(canary.serve_cfg, served))
     ok = wait_until_healthy(canary.target.state, served, 900, applied_at=start).ok and wait_until_answering(
-        canary.base_url, "rayline", served.label, "hi", 120).ok
+        canary.base_url, "rayline", served.label, "hi", 120, api_key=rollout.admin_key).ok
     if not ok:
         raise RuntimeError("the challenger app did not come up")
     champion_url, challenger_url = rollout.base_url, canary.base_url

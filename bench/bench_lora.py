@@ -43,7 +43,7 @@ from pipelines.config import from_dict  # noqa: E402
 from pipelines.tiny_model import build_adapter  # noqa: E402
 from serve import engine as eng  # noqa: E402
 from serve.serve_config import LoraServingConfig  # noqa: E402
-from serve.verify import wait_until_answering  # noqa: E402
+from serve.verify import admin_key, wait_until_answering  # noqa: E402
 
 ADAPTER_MODEL, RANK = "rayline-bench-lora", 8
 LORA = {"adapters": {"a": f"models:/{ADAPTER_MODEL}/1"}, "max_lora_rank": RANK}
@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "version": "1", "label": f"{ADAPTER_MODEL}/1"}}
         app = RaylineApp(model_dir, engine_cfg, {"app_name": "rayline-bench-lora", "lora": LORA}, adapters=pinned)
         servers[OURS] = servers[BASE] = app
-        answer = wait_until_answering(app.url, "rayline:a", f"rayline:a@{ADAPTER_MODEL}/1", "hi", 120, field="model")
+        answer = wait_until_answering(app.url, "rayline:a", f"rayline:a@{ADAPTER_MODEL}/1", "hi", 120, field="model",
+                                      api_key=admin_key(app.cfg))
         if not answer.ok:
             raise RuntimeError(f"the adapter does not answer: {answer.reason}")
         servers[VLLM].wait()

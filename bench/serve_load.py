@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -105,7 +106,7 @@ def timed_ttfts(samples: list[tuple[int, float]], spread: float) -> list[float]:
 
 
 async def _load(url: str, concurrency: int, requests: int, max_tokens: int, model: str,
-                spread: float = 0.0) -> LoadResult:
+                spread: float = 0.0, api_key: str = "") -> LoadResult:
     import httpx
 
     prompts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(32)) for i in range(requests)]
@@ -114,7 +115,8 @@ async def _load(url: str, concurrency: int, requests: int, max_tokens: int, mode
         queue.put_nowait(item)
     samples, tokens, failed = [], [], 0
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits, headers=headers) as client:
         async def worker():
             nonlocal failed
             nth = 0
@@ -137,8 +139,10 @@ async def _load(url: str, concurrency: int, requests: int, max_tokens: int, mode
 
 
 def run_load(url: str, concurrency: int, requests: int, max_tokens: int, model: str = "rayline",
-             spread: float = 0.0) -> LoadResult:
+             spread: float = 0.0, api_key: str | None = None) -> LoadResult:
     """`model`: what the requests name (`rayline`, or a served LoRA adapter such as `rayline:a`); `spread`: see
-    the module docstring."""
-    asyncio.run(_load(url, min(4, concurrency), min(8, requests), 16, model))  # warm-up: connections, caches
-    return asyncio.run(_load(url, concurrency, requests, max_tokens, model, spread))
+    the module docstring; `api_key`: sent as a Bearer token, None = $OPENAI_API_KEY (the stack's client key, as the
+    `openai` SDK reads it; serve_servers.VllmServer gives the vLLM server the same key, so both sides check one)."""
+    key = os.environ.get("OPENAI_API_KEY", "") if api_key is None else api_key
+    asyncio.run(_load(url, min(4, concurrency), min(8, requests), 16, model, api_key=key))  # warm-up: connections
+    return asyncio.run(_load(url, concurrency, requests, max_tokens, model, spread, key))

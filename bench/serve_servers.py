@@ -21,7 +21,7 @@ from serve import engine as eng
 from serve.app import ServedModel, render_serve_config
 from serve.deploy_target import LocalServe
 from serve.serve_config import Config as ServeConfig
-from serve.verify import wait_until_answering, wait_until_healthy
+from serve.verify import admin_key, wait_until_answering, wait_until_healthy
 
 ENGINE = {
     "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 64, "dtype": "float32", "enforce_eager": True,
@@ -74,6 +74,9 @@ class VllmServer:
     def __init__(self, args: list[str], env: dict[str, str], port: int, log_path: Path, nice: int):
         self.url, self.port, self.log_path = f"http://127.0.0.1:{port}/v1", port, log_path
         self.env_given = {k: env.get(k, "unset") for k in THREAD_ENV}
+        # Equal terms with rayline's app, where every request's key is checked: vLLM's own key check, on the key the
+        # loads send ($OPENAI_API_KEY, serve_load.run_load).
+        env = {**env, "VLLM_API_KEY": os.environ.get("OPENAI_API_KEY", "")}
         self.log = open(log_path, "w")
         # Ray starts its workers (Serve replicas, and so the engines they spawn) at niceness 15; on a shared
         # machine the baseline must compete for CPU on the same terms.
@@ -132,7 +135,8 @@ class RaylineApp:
         start = time.time()
         self.target.apply(render_serve_config(self.cfg, model, adapters))
         healthy = wait_until_healthy(self.target.state, model, 900, fail_fast=False, applied_at=start)
-        answer = healthy.ok and wait_until_answering(self.url, self.cfg.served_model_id, model.label, "hi", 120).ok
+        answer = healthy.ok and wait_until_answering(self.url, self.cfg.served_model_id, model.label, "hi", 120,
+                                                     api_key=admin_key(self.cfg)).ok
         if not answer:
             self.stop()
             raise RuntimeError(f"rayline app did not come up: {healthy.reason}")

@@ -111,7 +111,7 @@ def chat(base_url: str, question: str, model: str = "rayline") -> tuple[str, str
     an adapter (`rayline:<name>`) the response's `model`, which names the adapter version)."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=f"{base_url}/v1", api_key="not-needed")
+    client = OpenAI(base_url=f"{base_url}/v1")  # the key: $OPENAI_API_KEY, the stack's client key (`stack env`)
     resp = client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
                                           max_tokens=16, temperature=0)
     return resp.choices[0].message.content, (resp.model if ":" in model else resp.system_fingerprint) or ""

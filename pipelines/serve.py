@@ -24,7 +24,7 @@ from serve import rollout_record as rec
 from serve.app import render_serve_config, resolve_served_adapters, resolve_served_model, served_model_of
 from serve.deploy_target import DeployError, LocalServe
 from serve.serve_config import Config
-from serve.verify import wait_until_answering, wait_until_healthy
+from serve.verify import admin_key, wait_until_answering, wait_until_healthy
 
 
 @dataclass
@@ -41,6 +41,7 @@ class ServeResult:
 def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> ServeResult:
     """Resolve, render, deploy through the dashboard, and wait until the pinned version answers."""
     start = time.time()
+    key = admin_key(cfg)  # what the smoke requests below send; none set fails here, before anything is deployed
     served = resolve_served_model(cfg.engine.model, cfg.model_cache_dir or None)
     adapters = resolve_served_adapters(cfg, served) if cfg.lora.slots else None
     target = LocalServe(cfg.app_name, dashboard_url)
@@ -49,12 +50,12 @@ def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> Serv
     healthy = wait_until_healthy(target.state, served, timeout_s, fail_fast=False, applied_at=start)
     if not healthy.ok:
         raise DeployError(f"{target.describe()}: {healthy.reason}")
-    answer = wait_until_answering(cfg.base_url(), cfg.served_model_id, served.label, "Hello", 120.0)
+    answer = wait_until_answering(cfg.base_url(), cfg.served_model_id, served.label, "Hello", 120.0, api_key=key)
     for name, adapter in (adapters or {}).items():
         if answer.ok:
             client = f"{cfg.served_model_id}:{name}"
             answer = wait_until_answering(cfg.base_url(), client, f"{client}@{adapter['label']}", "Hello", 120.0,
-                                          field="model")
+                                          field="model", api_key=key)
     if not answer.ok:
         raise DeployError(f"{target.describe()}: {answer.reason}")
     if served.name and served.version:

@@ -10,7 +10,10 @@ the model version it was pinned to, so the builder needs nothing else.
 Which version answers: every non-streamed response and the last chunk of a stream carry
 `system_fingerprint = "<registered name>/<version>"` (vLLM's custom fingerprint, set per engine, so it
 names the replica that actually answered), and `GET /v1/models` lists the model with
-`metadata.rayline = {name, version, alias, source, label}`.
+`metadata.rayline = {name, version, alias, ref, label}` (registry names, never a storage path).
+
+Every route but the liveness probes needs an API key (serve/api_auth.py, the serving config's `auth`), checked by the
+replicas that serve the routes.
 """
 
 from __future__ import annotations
@@ -220,7 +223,8 @@ def build_app(args: dict[str, Any]):
     llm = _llm_config(cfg, model, base_env)
     rayline = {**model.to_args(), "label": model.label}
     server = {"rayline": rayline, "request_metrics": cfg.request_metrics, "model_cache_dir": cfg.model_cache_dir,
-              "max_lora_rank": cfg.lora.max_lora_rank}
+              "max_lora_rank": cfg.lora.max_lora_rank,
+              "auth": cfg.auth if cfg.ingress == "engine" else None}  # keys are checked where the routes are served
     # The engine replicas are RaylineServer either way; with `ingress: engine` they serve the routes themselves.
     engine = build_llm_deployment(llm, name_prefix="LLMServer:", bind_kwargs=server, deployment_cls=(
         serve.ingress()(RaylineServer) if cfg.ingress == "engine" else RaylineServer))
@@ -229,4 +233,4 @@ def build_app(args: dict[str, Any]):
     return openai_ingress_app(llm, engine, {"num_replicas": cfg.ingress_replicas,
                                             "max_surge_percent": cfg.max_surge_percent,
                                             "ray_actor_options": {"num_cpus": cfg.ingress_cpus}},
-                              rayline=rayline, request_metrics=cfg.request_metrics)
+                              rayline=rayline, request_metrics=cfg.request_metrics, auth=cfg.auth)

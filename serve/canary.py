@@ -42,7 +42,7 @@ from serve.app import ServedModel, render_serve_config, routes_deployment_name
 from serve.canary_split import CHALLENGER, CHAMPION, ROUTE_HEADER, STATS_PATH
 from serve.deploy_target import DeployError
 from serve.rollout_config import CanaryConfig
-from serve.verify import wait_until_answering, wait_until_healthy
+from serve.verify import key_header, wait_until_answering, wait_until_healthy
 
 log = logging.getLogger("rayline.canary")
 
@@ -197,7 +197,7 @@ class Canary:
         if not healthy.ok:
             return f"challenger deploy failed: {healthy.reason}"
         answer = wait_until_answering(self.base_url, self.serve_cfg.served_model_id, served.label,
-                                      self.r.cfg.smoke_prompt, self.r.cfg.smoke_timeout_s)
+                                      self.r.cfg.smoke_prompt, self.r.cfg.smoke_timeout_s, api_key=self.r.admin_key)
         return "" if answer.ok else f"challenger verify failed: {answer.reason}"
 
     def _split(self, share: float | None) -> None:
@@ -222,7 +222,9 @@ class Canary:
         raise DeployError(f"the champion replicas did not take canary {canary} within 120s ({last})")
 
     def stats(self, since: float) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.champion_root}{STATS_PATH}?since={since}", timeout=30) as r:
+        req = urllib.request.Request(f"{self.champion_root}{STATS_PATH}?since={since}",
+                                     headers=key_header(self.r.admin_key))  # an admin-only route (serve/api_auth.py)
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
     def _steps(self, steps: list[dict[str, Any]], start: float) -> str:
@@ -284,7 +286,9 @@ class Canary:
                 body = {"model": self.r.serve_cfg.served_model_id, "messages": messages,
                         "max_tokens": self.cfg.probe_max_tokens,
                         "temperature": 0.0}
-                reply = _post(f"{self.champion_root}/v1/chat/completions", body, {ROUTE_HEADER: side})
+                # The force header is honoured for an admin key only (serve/api_auth.py).
+                reply = _post(f"{self.champion_root}/v1/chat/completions", body,
+                              {ROUTE_HEADER: side, **key_header(self.r.admin_key)})
                 right += exact_match(reply["choices"][0]["message"]["content"], answer)
             out[side] = right / len(sample)
         return out

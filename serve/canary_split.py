@@ -17,7 +17,8 @@ deployment`) the OpenAI ingress replicas (Serve hands it to the running replicas
   shadow  answers every request itself and sends a copy of `share` of them to the challenger, whose answer is
           read, measured and dropped: clients never get a challenger answer.
 The header `x-rayline-canary: champion|challenger` forces a side (the rollout's quality probe); such requests are
-not counted as live traffic. Every response says which side answered (`x-rayline-canary`).
+not counted as live traffic. Only an admin key may send it, and only an admin key may read the stats route: the API
+key middleware in front of this one (serve/api_auth.py) refuses both to a client key with 403. Every response says which side answered (`x-rayline-canary`).
 
 Per side the middleware keeps, for the rollout's step analysis, each live request's outcome, time to first byte
 (TTFT) and mean gap between streamed chunks (inter-token latency), served at `GET /-/rayline/canary?since=T` (this
@@ -38,9 +39,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from pipelines import metrics
+from serve.api_auth import FORCE_HEADER, read_body, replay, route_path
 
 CHAMPION, CHALLENGER = "champion", "challenger"
-ROUTE_HEADER = "x-rayline-canary"
+ROUTE_HEADER = FORCE_HEADER  # honoured for admin keys only: serve/api_auth.py refuses it from a client key (403)
 STATS_PATH = "/-/rayline/canary"
 SPLIT_PATHS = ("/v1/chat/completions", "/v1/completions")
 MAX_EVENTS = 100_000
@@ -172,12 +174,12 @@ class CanarySplit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = self._path(scope)
+        path = route_path(scope)
         if path == STATS_PATH and scope["method"] == "GET":
             return await self._stats(scope, send)
         if not (self.state.active and scope["method"] == "POST" and path in SPLIT_PATHS):
             return await self.app(scope, receive, send)
-        body = await _read_body(receive)
+        body = await read_body(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
         forced = headers.get(ROUTE_HEADER)
         cfg = self.state.config
@@ -196,15 +198,10 @@ class CanarySplit:
             return
         timing = Timing(send, time.monotonic(), CHAMPION)
         try:
-            await self.app(scope, _replay(body, receive), timing)
+            await self.app(scope, replay(body, receive), timing)
         finally:
             if live:
                 self.state.record(CHAMPION, *timing.outcome())
-
-    @staticmethod
-    def _path(scope) -> str:
-        path, root = scope.get("path", ""), scope.get("root_path", "")
-        return path[len(root):] if root and path.startswith(root) else path
 
     def _to_challenger(self, path: str, body: bytes, headers: dict[str, str]):
         """The request as the challenger's route gets it (streamed response; hop-by-hop headers dropped)."""
@@ -295,29 +292,3 @@ def conversation_key(messages) -> str | None:
             digest = hashlib.sha256(json.dumps(opening, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
             return f"conversation:{digest[:32]}"
     return None
-
-
-async def _read_body(receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive):
-    """The request's body once more, then the client's own messages (its disconnect)."""
-    sent = False
-
-    async def replayed():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed

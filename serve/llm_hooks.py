@@ -17,14 +17,31 @@ from ray.serve.llm import LLMServer
 from ray.serve.llm.ingress import OpenAiIngress
 
 from pipelines import metrics
+from serve.api_auth import ApiAuth, Gate
 from serve.engine import apply_engine_core_start
+
+
+def public_version(spec: dict[str, Any]) -> dict[str, Any]:
+    """A served version as model cards show it: registry names and versions, never where its files are stored (no
+    `source`; no `ref` or `label` that is a path or URI rather than `models:/...` or `name/N`)."""
+    registered = bool(spec.get("name") and spec.get("version"))
+    return {k: v for k, v in spec.items() if k != "source" and (k != "ref" or str(v).startswith("models:/"))
+            and (k != "label" or registered)}
+
+
+def _root(card: dict[str, Any], spec: dict[str, Any], fallback: str) -> dict[str, Any]:
+    """vLLM's card names the weights' local path as `root`: the version's label instead (else `fallback`)."""
+    if "root" not in card:
+        return {}
+    return {"root": public_version(spec).get("label") or fallback}
 
 
 def stamp_version(card: dict[str, Any], model_id: str, rayline: dict[str, Any]) -> dict[str, Any]:
     """A model card (as JSON) with the served version as `metadata.rayline`, when it is the served model's card."""
     if card.get("id") != model_id or not rayline:
         return card
-    return {**card, "owned_by": "rayline", "metadata": {**(card.get("metadata") or {}), "rayline": rayline}}
+    return {**card, **_root(card, rayline, model_id), "owned_by": "rayline",
+            "metadata": {**(card.get("metadata") or {}), "rayline": public_version(rayline)}}
 
 
 def _json_of(reply: Any) -> Any:
@@ -39,8 +56,9 @@ def adapter_card(card: dict[str, Any], adapters) -> dict[str, Any]:
     spec = adapters.version_of(card.get("id", "")) if adapters else None
     if spec is None:
         return card
-    return {**card, "id": card["id"].partition("@")[0], "root": spec["label"], "owned_by": "rayline",
-            "metadata": {**(card.get("metadata") or {}), "rayline": {**spec, "adapter": True}}}
+    client_id = card["id"].partition("@")[0]
+    return {**card, "id": client_id, "root": public_version(spec).get("label") or client_id, "owned_by": "rayline",
+            "metadata": {**(card.get("metadata") or {}), "rayline": {**public_version(spec), "adapter": True}}}
 
 
 def add_version_to_model_routes(app: FastAPI, model_id: str, rayline: dict[str, Any], adapters=None) -> None:
@@ -84,11 +102,14 @@ class RaylineServer(LLMServer):
     """The engine replica as the app's ingress: it serves vLLM's own OpenAI app in-process (Ray builds it in
     `__serve_build_asgi_app__`, as its direct-streaming layout does), plus the served version in the model cards.
 
-    `rayline` (bound at build time) is the pinned model: {name, version, alias, source, ref, label}.
+    `rayline` (bound at build time) is the pinned model: {name, version, alias, source, ref, label}; `auth` the
+    serving config's AuthConfig when this replica serves the routes (`ingress: engine`), else None.
     """
 
     async def __init__(self, llm_config, *, rayline: dict[str, Any] | None = None, request_metrics: bool = True,
-                       model_cache_dir: str = "", max_lora_rank: int = 16, **kwargs):
+                       model_cache_dir: str = "", max_lora_rank: int = 16, auth=None, **kwargs):
+        # Before the engine starts: a replica that cannot check keys fails in a second, not after loading a model.
+        self._gate = Gate.from_config(auth) if auth is not None else None
         self._rayline = dict(rayline or {})
         self._request_metrics = request_metrics
         await super().__init__(llm_config, **kwargs)
@@ -127,20 +148,26 @@ class RaylineServer(LLMServer):
         app = await super().__serve_build_asgi_app__()
         add_version_to_model_routes(app, self._llm_config.model_id, self._rayline, self._adapters)
         return add_rayline_middleware(app, self._llm_config.model_id, self._rayline, self._canary,
-                                      self._request_metrics)
+                                      self._request_metrics, self._gate)
 
 
-def add_rayline_middleware(app, model_id: str, rayline: dict[str, Any], canary, request_metrics: bool):
+def add_rayline_middleware(app, model_id: str, rayline: dict[str, Any], canary, request_metrics: bool, gate):
     """What every layout's routes get, on the app that serves them (the engine replica's, or the separate
-    ingress's): the served-version gauge, responses counted by status, and outermost the canary split (a request it
-    forwards to the challenger is not counted here)."""
+    ingress's): the served-version gauge, responses counted by status, the canary split (a request it forwards to the
+    challenger is not counted here), and outermost the API keys, limits and caps (serve/api_auth.py; its refusals
+    counted by status too). `gate`: the replica's api_auth.Gate; the routes are never served without one."""
     from serve.canary_split import CanarySplit
 
+    if gate is None:
+        raise ValueError("the app's routes need API keys: the replica serving them was built without `auth`")
     tags = served_tags(model_id, rayline)
+    counted = {k: tags[k] for k in ("app", "model", "version")}
     metrics.gauge("rayline_served_version", 1, **tags)
     if request_metrics:
-        app.add_middleware(CountResponses, tags={k: tags[k] for k in ("app", "model", "version")})
+        app.add_middleware(CountResponses, tags=counted)
     app.add_middleware(CanarySplit, state=canary)
+    app.add_middleware(ApiAuth, gate=gate, on_refused=(lambda status: metrics.inc(
+        "rayline_serve_requests", 1, code=str(status), **counted)) if request_metrics else None)
     return app
 
 
@@ -183,7 +210,9 @@ class RaylineIngress(OpenAiIngress):
     """
 
     def __init__(self, llm_deployments, model_cards, *, rayline: dict[str, Any] | None = None,
-                 request_metrics: bool = True, **kwargs):
+                 request_metrics: bool = True, auth=None, **kwargs):
+        # The serving config's AuthConfig, checked before anything else starts.
+        self._gate = Gate.from_config(auth) if auth is not None else None
         super().__init__(llm_deployments, model_cards, **kwargs)
         from serve.canary_split import CanaryState
 
@@ -201,7 +230,7 @@ class RaylineIngress(OpenAiIngress):
         # Serve calls this before the app starts (its lifespan), so middleware can still be added. The app is Ray's
         # OpenAI FastAPI app that `serve.ingress` bound to this class (make_fastapi_ingress).
         return add_rayline_middleware(self._asgi_app, self._model_id, self._rayline, self._canary,
-                                      self._request_metrics)
+                                      self._request_metrics, self._gate)
 
     def _is_adapter(self, model_id: str) -> bool:
         return model_id.startswith(f"{self._model_id}:")

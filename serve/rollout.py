@@ -32,7 +32,7 @@ from serve.deploy_target import DeployError, KubeRayService, LocalServe
 from serve.gate import gate_problems, metric_problems
 from serve.rollout_config import Config
 from serve.serve_config import Config as ServeConfig
-from serve.verify import VerifyOutcome, served_versions, wait_until_answering, wait_until_healthy
+from serve.verify import VerifyOutcome, admin_key, served_versions, wait_until_answering, wait_until_healthy
 from serve.webhook import WebhookReceiver, register_webhook
 
 log = logging.getLogger("rayline.rollout")
@@ -88,6 +88,7 @@ class Rollout:
                       else LocalServe(self.serve_cfg.app_name, cfg.dashboard_url))
         self.target = target
         self.base_url = cfg.kubernetes.serve_url if cfg.target == "kubernetes" else self.serve_cfg.base_url()
+        self.admin_key = admin_key(self.serve_cfg)  # what its requests to the app send; none: refused here, not mid-way
         self.canary_metrics_url = cfg.canary.metrics_url() if cfg.canary.steps else ""  # a bad setting fails here
 
     # -- one attempt ---------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ class Rollout:
     def _reported(self, model_id: str) -> dict | None:
         """The version the running app reports for `model_id` (its model card), or None when it does not answer."""
         try:
-            return served_versions(self.base_url).get(model_id)
+            return served_versions(self.base_url, api_key=self.admin_key).get(model_id)
         except (OSError, ValueError, KeyError) as e:
             log.warning("could not read the served versions from %s/models: %s", self.base_url, e)
             return None
@@ -244,7 +245,7 @@ class Rollout:
                 return VerifyOutcome(False, f"deploy failed: {healthy.reason}")
         model_id, label, field = self._expect(served)
         answer = wait_until_answering(self.base_url, model_id, label, cfg.smoke_prompt, cfg.smoke_timeout_s,
-                                      poll_s=0.2 if cfg.adapter else 0.5, field=field)
+                                      poll_s=0.2 if cfg.adapter else 0.5, field=field, api_key=self.admin_key)
         mlflow.log_metric("verify_s", answer.seconds)
         if answer.ok:
             mlflow.log_metric("switch_s", time.time() - t)  # deploy -> the new version answering
@@ -293,7 +294,7 @@ class Rollout:
             return f"ROLLBACK NOT HEALTHY: {healthy.reason}"
         model_id, label, field = self._expect(previous)
         answer = wait_until_answering(self.base_url, model_id, label, self.cfg.smoke_prompt, self.cfg.smoke_timeout_s,
-                                      field=field)
+                                      field=field, api_key=self.admin_key)
         mlflow.log_metric("rollback_s", time.time() - t)
         if not answer.ok:
             return f"ROLLBACK NOT ANSWERING: {answer.reason}"

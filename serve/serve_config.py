@@ -115,6 +115,33 @@ class LoraServingConfig:
 
 
 @dataclass
+class AuthConfig:
+    """Who may call the app's routes, and how much (serve/api_auth.py). Always on: every route but the liveness probes
+    needs an API key (`Authorization: Bearer <key>`); there is no setting that turns keys off."""
+
+    keys_file: str = ""
+    """The JSON file of the keys' sha256 hashes, roles and limits (pipelines/api_keys.py), read by each replica on its
+    own node and read again when it changes; "" = $RAYLINE_API_KEYS_FILE of the Ray processes (the local stack sets
+    it). On Kubernetes: the Secret rayline-openai-keys mounted at /var/run/secrets/rayline/openai (keys.json)."""
+    admin_key_file: str = ""
+    """The admin key rayline's own requests to the app send (the rollout's smoke requests, the canary's probe and
+    stats); "" = $RAYLINE_ADMIN_KEY_FILE of the process that runs the rollout."""
+    max_body_bytes: int = 2**20
+    """Largest request body; larger ones get 413."""
+    max_n: int = 8
+    """Largest `n` (and `best_of`) of a request; more gets 400."""
+    max_tokens: int = 4096
+    """Largest `max_tokens` (`max_completion_tokens`, `max_output_tokens`) of a request; more gets 400."""
+
+    def __post_init__(self) -> None:
+        require(not self.keys_file or os.path.isabs(self.keys_file), "auth.keys_file",
+                f"must be an absolute path (each replica reads it on its own node), got {self.keys_file!r}")
+        require(self.max_body_bytes >= 1024, "auth.max_body_bytes", f"must be >= 1024, got {self.max_body_bytes}")
+        require(self.max_n >= 1, "auth.max_n", f"must be >= 1, got {self.max_n}")
+        require(self.max_tokens >= 1, "auth.max_tokens", f"must be >= 1, got {self.max_tokens}")
+
+
+@dataclass
 class Config:
     engine: EngineConfig
     """vLLM engine, placement and model reference (`engine.model`), shared with batch inference."""
@@ -169,6 +196,8 @@ class Config:
     """Where MLflow-artifact checkpoints are downloaded; "" = ~/.cache/rayline/models."""
     lora: LoraServingConfig = field(default_factory=LoraServingConfig)
     """LoRA adapters of the base served by the same engine replicas (either ingress)."""
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    """API keys, their limits and the request caps of every route (serve/api_auth.py)."""
 
     def __post_init__(self) -> None:
         require(bool(self.app_name.strip()), "app_name", "must not be empty")

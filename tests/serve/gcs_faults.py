@@ -78,11 +78,13 @@ def proxy_urls(cfg, replica_nodes: dict[str, str]) -> list[str]:
 def wait_answered(url: str, timeout_s: float, expect_fingerprint: str | None = None) -> bool:
     """Until the app answers a smoke request at `url` (with that fingerprint when given)."""
     from serve.verify import smoke_request
+    from tests.serve.serving import serving_keys
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            fp = smoke_request(f"{url}{GCS_PREFIX}/v1", "rayline", "ping", timeout_s=10).get("system_fingerprint")
+            fp = smoke_request(f"{url}{GCS_PREFIX}/v1", "rayline", "ping", timeout_s=10,
+                               api_key=serving_keys().client).get("system_fingerprint")
             if expect_fingerprint is None or fp == expect_fingerprint:
                 return True
         except Exception:

@@ -1,6 +1,7 @@
 """What the Serve integration tests deploy: the tiny model on the CPU engine, sized for the shared 2-core Ray head.
 
-    serve_config_dict(app, prefix, model)   the serving YAML (serve/serve_config.py) of one test app
+    serve_config_dict(app, prefix, model)   the serving YAML (serve/serve_config.py) of one test app, with its API keys
+    serving_keys()                          the test stack's API keys (client, admin, and one with a small rate)
     register_fresh(name, [(path, tags)])    the model registered anew in the test stack's MLflow
     ReplicaTimeline(target)                 the app's engine replicas' state changes, polled in a thread
     ChatLoad(base_url, streams)             a bounded loopback load of chat completions, each request timed
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from pipelines import registry
+from pipelines import api_keys, registry
 
 # The app tests/serve/conftest.py deploys for the session (test_serve.py, test_llm_hooks.py).
 SERVED_MODEL, SERVED_APP, SERVED_PREFIX = "rayline-serve-test", "rayline-test-serve", "/serve-test"
@@ -37,17 +39,48 @@ TEST_ENGINE = {
 }
 
 
+KEYS_STATE_DIR = registry.PROJECT_ROOT / ".rayline-test"
+"""The test stack's state dir (tests/conftest.py TEST_STACK; test_api_keys.py checks they agree)."""
+LIMITED = {"requests_per_minute": 3, "max_concurrent": 64}  # test_api_keys.py's burst runs out of it at once
+
+
+@dataclass(frozen=True)
+class ServingKeys:
+    files: api_keys.StackKeys
+    client: str
+    admin: str
+    limited: str
+
+
+@functools.cache
+def serving_keys() -> ServingKeys:
+    """The test stack's API keys, made (once, kept) in its state dir as `stack up` makes a stack's, plus a client key
+    with a small rate limit for test_api_keys.py."""
+    limited = ensure_secret(api_keys.stack_keys(KEYS_STATE_DIR).folder / "limited_key")
+    files = api_keys.create_stack_keys(KEYS_STATE_DIR, [api_keys.ApiKey.of("limited", limited, **LIMITED)])
+    return ServingKeys(files, read_secret(files.client_key_file), read_secret(files.admin_key_file), limited)
+
+
 def serve_config_dict(app: str, prefix: str, model: str) -> dict:
-    """The serving YAML the integration tests deploy: the tiny model, fractional CPUs for the shared 2-core head."""
+    """The serving YAML the integration tests deploy: the tiny model, fractional CPUs for the shared 2-core head, and
+    the test stack's keys (by config, which the Ray processes' RAYLINE_API_KEYS_FILE would otherwise give)."""
+    keys = serving_keys().files
     return {"app_name": app, "route_prefix": prefix, "served_model_id": "rayline",
             "engine": {"model": f"models:/{model}@champion", **TEST_ENGINE},
-            "ingress_cpus": 0.05, "graceful_shutdown_timeout_s": 10}
+            "ingress_cpus": 0.05, "graceful_shutdown_timeout_s": 10,
+            "auth": {"keys_file": str(keys.keys_file), "admin_key_file": str(keys.admin_key_file)}}
 
 
-def http_json(url: str, body: dict | bytes | None = None) -> tuple[int, dict]:
-    """(status, JSON body) of a GET (no body) or a JSON POST, error statuses included."""
+def http_json(url: str, body: dict | bytes | None = None, api_key: str | None = None,
+              headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    """(status, JSON body) of a GET (no body) or a JSON POST, error statuses included; sent with `api_key` (None: the
+    test client key; "": none) and `headers`."""
+    from serve.verify import key_header
+
     data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    key = serving_keys().client if api_key is None else api_key
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **key_header(key),
+                                                          **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -64,11 +97,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def openai_client(base_url: str):
-    """The `openai` client the serving tests use: no retries (a failure must show), 120 s per request."""
+def openai_client(base_url: str, api_key: str | None = None):
+    """The `openai` client the serving tests use: no retries (a failure must show), 120 s per request; `api_key` None:
+    the test client key."""
     from openai import OpenAI
 
-    return OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+    return OpenAI(base_url=base_url, api_key=api_key or serving_keys().client, max_retries=0, timeout=120)
 
 
 def register_fresh(name: str, checkpoints: list[tuple[str, dict]]) -> list[str]:
@@ -194,11 +228,9 @@ class ChatLoad(LoadThreads):
     restarting, as it would on nodes of its own)."""
 
     def __init__(self, base_url: str | list[str], streams: int, max_tokens: int = 48, pause_s: float = 0.0):
-        from openai import OpenAI
-
         super().__init__(streams, self._stream, join_s=150)
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        self.clients = [OpenAI(base_url=u, api_key="unused", max_retries=0, timeout=120) for u in urls]
+        self.clients = [openai_client(u) for u in urls]
         self.max_tokens, self.pause_s = max_tokens, pause_s
         self.requests: list[Request] = []
         self._lock = threading.Lock()

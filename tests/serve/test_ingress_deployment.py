@@ -24,7 +24,8 @@ from serve.canary_split import ROUTE_HEADER, STATS_PATH
 from serve.deploy_target import LocalServe
 from serve.serve_config import Config as ServeConfig
 from tests.serve.lora_adapters import register_base_with_adapters
-from tests.serve.serving import SERVED_PREFIX, deploy, http_json, openai_client, serve_config_dict
+from serve.verify import key_header
+from tests.serve.serving import SERVED_PREFIX, deploy, http_json, openai_client, serve_config_dict, serving_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -33,10 +34,12 @@ ADAPTERS = "rayline-ingress-adapter-test"
 
 
 def post_chat(base_url: str, user: str, headers: dict[str, str] | None = None) -> tuple[str, str]:
-    """One chat request; (its system_fingerprint, the side the canary header names, or "" without one)."""
+    """One chat request; (its system_fingerprint, the side the canary header names, or "" without one). With the
+    canary's force header it is sent with the admin key (the only key allowed to send it), else the client key."""
     body = {"model": "rayline", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "user": user}
+    key = serving_keys().admin if ROUTE_HEADER in (headers or {}) else serving_keys().client
     req = urllib.request.Request(f"{base_url}/chat/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+                                 headers={"Content-Type": "application/json", **key_header(key), **(headers or {})})
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())["system_fingerprint"], r.headers.get(ROUTE_HEADER, "")
 
@@ -109,7 +112,8 @@ def test_the_ingress_replicas_split_and_shadow_to_the_challenger(ingress_app, se
         deadline = time.time() + 60
         # Both sides are counted once their answer is done: the copies when the challenger answered them, and the
         # champion's in the ingress after its last chunk went out, which can come after the client read it.
-        while ((sides := http_json(f"{ingress_app['root']}{STATS_PATH}?since={since}")[1]["sides"])["challenger"][
+        stats = f"{ingress_app['root']}{STATS_PATH}?since={since}"  # rayline's own route: the admin key's
+        while ((sides := http_json(stats, api_key=serving_keys().admin)[1]["sides"])["challenger"][
                 "shadow"] < 3 or sides["champion"]["requests"] < 3) and time.time() < deadline:
             time.sleep(0.5)
         assert sides["challenger"]["shadow"] == 3 and sides["challenger"]["errors"] == 0, sides

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.llm_hooks import stamp_version
+from serve.llm_hooks import public_version, stamp_version
 from tests.serve.serving import SERVED_MODEL, http_json
 
 
@@ -27,7 +27,8 @@ def test_vllm_model_list_carries_the_served_version(served):
     (card,) = body["data"]
     assert card["id"] == "rayline" and card["object"] == "model" and card["owned_by"] == "rayline"
     stamp = card["metadata"]["rayline"]
-    assert stamp.items() >= expected_stamp(served).items() and stamp["source"], stamp
+    assert stamp.items() >= expected_stamp(served).items() and "source" not in stamp, stamp
+    assert card["root"] == served["label"]  # vLLM's `root` named the checkpoint's local path
     assert card["max_model_len"] == 256  # vLLM's own card fields are kept
 
 
@@ -40,6 +41,19 @@ def test_retrieve_route_carries_the_version_and_unknown_models_get_an_openai_404
     status, body = http_json(served["base_url"] + "/models/gpt-9")
     assert status == 404
     assert body == {"error": {"message": "Unknown model: gpt-9", "type": "invalid_request_error", "code": 404}}
+
+
+def test_cards_name_versions_never_where_the_files_are():
+    registered = {"name": "rayline-tiny", "version": "3", "alias": "champion", "label": "rayline-tiny/3",
+                  "ref": "models:/rayline-tiny/3", "source": "/home/u/.cache/rayline/models/rayline-tiny/3"}
+    card = stamp_version({"id": "rayline", "root": registered["source"], "owned_by": "vllm"}, "rayline", registered)
+    assert card["root"] == "rayline-tiny/3" and card["metadata"]["rayline"] == {
+        k: v for k, v in registered.items() if k != "source"}
+    # Served straight from a directory (no registry version): its ref and label are that path, so neither is shown.
+    unregistered = {"ref": "s3://bucket/ckpt", "source": "s3://bucket/ckpt", "label": "s3://bucket/ckpt"}
+    card = stamp_version({"id": "rayline", "root": "/tmp/x", "owned_by": "vllm"}, "rayline", unregistered)
+    assert card["root"] == "rayline" and card["metadata"]["rayline"] == {} and "s3://" not in str(card)
+    assert public_version(registered).keys() == {"name", "version", "alias", "label", "ref"}
 
 
 def test_stamp_leaves_other_cards_and_unpinned_apps_alone():

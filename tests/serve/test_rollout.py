@@ -27,7 +27,7 @@ from serve import rollout_record as rec
 from serve.deploy_target import LocalServe
 from serve.rollout import DEPLOYED, REJECTED, ROLLED_BACK, Rollout
 from serve.rollout_config import Config as RolloutConfig
-from tests.serve.serving import LoadThreads, openai_client, register_fresh, serve_config_dict
+from tests.serve.serving import LoadThreads, openai_client, register_fresh, serve_config_dict, serving_keys
 
 # The module's app is started in the first test's setup, which pytest-timeout counts against that test;
 # on a busy 2-core box one engine start alone can take minutes.
@@ -202,4 +202,4 @@ def test_broken_checkpoint_rolls_back_while_serving_continues(setup):
 def served_fingerprint(setup) -> str:
     from serve.verify import smoke_request
 
-    return smoke_request(setup["base_url"], "rayline", "ping")["system_fingerprint"]
+    return smoke_request(setup["base_url"], "rayline", "ping", api_key=serving_keys().client)["system_fingerprint"]

@@ -17,7 +17,8 @@ import pytest
 
 from pipelines import registry
 from serve.app import served_model_of
-from tests.serve.serving import SERVED_MODEL, SERVED_PREFIX, http_json
+from serve.verify import key_header
+from tests.serve.serving import SERVED_MODEL, SERVED_PREFIX, http_json, serving_keys
 
 # The app starts in the first test's setup, which pytest-timeout counts against that test.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -58,9 +59,10 @@ BAD_REQUESTS = {
     "invalid JSON": ("/completions", b'{"model": "rayline", "prompt": ', 400, "Bad Request", r"json_invalid.*JSON decode error"),
     "unknown model": ("/completions", json.dumps({"model": "gpt-9", "prompt": "hi", "max_tokens": 4}).encode(), 404,
                       "NotFoundError", r"gpt-9"),
+    # Within the server's cap (auth.max_tokens, 4096: above it the API key gate answers, test_api_keys.py).
     "max_tokens beyond the context": (
-        "/completions", json.dumps({"model": "rayline", "prompt": "hi", "max_tokens": 100_000}).encode(), 400,
-        "BadRequestError", r"100000.*256|256.*100000"),
+        "/completions", json.dumps({"model": "rayline", "prompt": "hi", "max_tokens": 4000}).encode(), 400,
+        "BadRequestError", r"4000.*256|256.*4000"),
     "empty messages": ("/chat/completions", json.dumps({"model": "rayline", "messages": []}).encode(), 400,
                        "BadRequestError", r"empty conversation\. Provide at least one message"),
     "prompt too long": (
@@ -92,7 +94,7 @@ def test_openai_client_raises_typed_errors_and_service_stays_healthy(served, cli
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-9", prompt="hi", max_tokens=4)
     with pytest.raises(openai.BadRequestError, match="max_model_len|context"):
-        client.completions.create(model="rayline", prompt="hi", max_tokens=100_000)
+        client.completions.create(model="rayline", prompt="hi", max_tokens=4000)  # within auth.max_tokens
     st = served["target"].state()
     assert st.status == "RUNNING", st
     r = client.completions.create(model="rayline", prompt="still there?", max_tokens=4)
@@ -137,7 +139,8 @@ def test_responses_are_counted_by_version_and_status_in_prometheus(served, clien
         client.completions.create(model="rayline", prompt="hi", max_tokens=2)
     for _ in range(2):
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(f"{served['base_url']}/completions", timeout=60)
+            urllib.request.urlopen(urllib.request.Request(f"{served['base_url']}/completions",
+                                                          headers=key_header(serving_keys().client)), timeout=60)
         assert err.value.code == 405
     deadline = time.time() + 60
     while (c := counts()).get("405", 0) < 2 or c.get("200", 0) < ok_before + 3:

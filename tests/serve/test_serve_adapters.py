@@ -23,9 +23,9 @@ from pipelines.config import from_dict
 from serve.app import render_serve_config, resolve_served_adapters, resolve_served_model
 from serve.deploy_target import LocalServe
 from serve.serve_config import Config as ServeConfig
-from serve.verify import wait_until_answering
+from serve.verify import admin_key, key_header, wait_until_answering
 from tests.serve.lora_adapters import register_base_with_adapters
-from tests.serve.serving import openai_client, serve_config_dict
+from tests.serve.serving import openai_client, serve_config_dict, serving_keys
 
 BASE, ADAPTERS = "rayline-lora-base-test", "rayline-lora-adapter-test"
 APP, PREFIX = "rayline-test-lora", "/lora-test"
@@ -49,7 +49,8 @@ def app(local_stack, tiny_model_dir, tmp_path_factory):
         for model, label in (("rayline", f"{BASE}/{base_version}"), ("rayline:a", f"rayline:a@{ADAPTERS}/1"),
                              ("rayline:b", f"rayline:b@{ADAPTERS}/2")):
             answer = wait_until_answering(serve_cfg.base_url(), model, label, "Hello", 600,
-                                          field="system_fingerprint" if model == "rayline" else "model")
+                                          field="system_fingerprint" if model == "rayline" else "model",
+                                          api_key=admin_key(serve_cfg))
             assert answer.ok, answer.reason
         yield {"cfg": cfg, "target": target, "base": f"{BASE}/{base_version}", "stack": local_stack,
                "url": f"http://127.0.0.1:{local_stack.serve_port}{PREFIX}/v1"}
@@ -96,7 +97,7 @@ def test_models_lists_the_base_and_each_adapter_with_its_version(app, client):
 def test_an_unknown_adapter_gets_an_openai_404(app):
     body = json.dumps({"model": "rayline:nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     req = urllib.request.Request(f"{app['url']}/chat/completions", data=body.encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **key_header(serving_keys().client)})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=60)
     assert e.value.code == 404
