@@ -2,8 +2,12 @@
 
 stack up -> sample corpus + tiny base model (pretrained beside the data stage) -> prepare data -> small Tune search
 -> train the best configuration -> register -> train a LoRA adapter of the base -> one batch eval job: base, adapter and
-fine-tuned side by side -> promote (the MLflow UI's REST call) -> rollout to the Serve app -> an OpenAI chat
-request answered by the promoted version -> promote the adapter, serve it beside its base, ask it -> summary.
+fine-tuned side by side -> promote as the promoter (the MLflow UI's REST calls: the candidate copied into the
+production model, the alias set on the copy) -> rollout to the Serve app -> an OpenAI chat request answered by the
+promoted version -> promote the adapter, serve it beside its base, ask it -> summary.
+
+Each stage acts as its MLflow role (pipelines/mlflow_auth.py): data, tune and train as the trainer (registering into
+`<model>-candidates`), the eval as the evaluator, promotion as the promoter, the rollout as the rollout identity.
 
 Every stage runs as a Ray job through the Jobs API (`pipelines.submit`, as `ray job submit` would);
 the demo reads what each stage produced back from MLflow (runs carry the Ray job id), so it walks the
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
-from pipelines import registry, stack
+from pipelines import mlflow_auth, registry, stack
 from pipelines.config import from_dict
 from pipelines.demo_jobs import (StageFailed, chat, data_run_of_job, promote, registered_version, run_of_job,
                                  run_stage)
@@ -85,15 +89,18 @@ class DemoResult:
     train_run_id: str
     model_name: str
     model_version: str
+    """The production version (`model_name`) the promoter copied the candidate into; it serves."""
     exact_match: dict[str, float]
-    """base, fine-tuned and adapter, as the batch eval tagged each version."""
+    """base, fine-tuned and adapter: the metrics of the batch eval's run over each version's bytes (what the gate reads)."""
     rollout_s: float
     question: str
     answer: str
     served_by: str
     adapter_model: str = ""
-    """The adapter's registered model (`<model_name>-lora`)."""
+    """The adapter's production model (`<model_name>-lora`)."""
     adapter_version: str = ""
+    candidate_version: str = ""
+    """The fine-tune's version in `<model_name>-candidates` (what the trainer registered and the evaluator scored)."""
     adapter_answer: str = ""
     adapter_served_by: str = ""
     """The response's `model` field: `rayline:<adapter>@<name>/<version>`."""
@@ -171,8 +178,10 @@ class BaseModel:
 
 def register_base_model(base: Path) -> str:
     """Register the base model once (a version per distinct checkpoint), alias `base`."""
+    from pipelines import weights_manifest
+
     existing = registry.get_alias(BASE_MODEL_NAME, "base")
-    if existing and existing.tags.get(registry.TAG_CHECKPOINT_URI) == str(base):
+    if existing and existing.tags.get(registry.TAG_WEIGHTS_DIGEST) == weights_manifest.build(str(base))["digest"]:
         return existing.version
     with registry.start_run("rayline-models", "register-base", tags=registry.lineage_tags("base-model")) as run:
         mv = registry.register_checkpoint(BASE_MODEL_NAME, str(base), run_id=run.info.run_id,
@@ -185,7 +194,12 @@ def main(cfg: DemoConfig) -> DemoResult:
     t0 = step("stack up (Ray head, MLflow, Prometheus)")
     scfg = from_dict(stack.StackConfig, {"state_dir": cfg.state_dir, **cfg.stack_overrides}, "demo")
     stack.up(scfg)
-    os.environ.update(stack.env_vars(scfg))
+    os.environ.update(stack.env_vars(scfg))  # this process acts as the stack's admin; each stage's job as its role
+    adapter_model = f"{cfg.model_name}-lora"
+    # The production models (promoters and the rollout write them) and their candidate models (trainers register).
+    mlflow_auth.provision(registry.tracking_uri(), scfg.state, [cfg.model_name, adapter_model, BASE_MODEL_NAME])
+    candidates, adapter_candidates = (f"{m}{mlflow_auth.CANDIDATES_SUFFIX}" for m in (cfg.model_name, adapter_model))
+    promoter = mlflow_auth.login_dir(scfg.state, "promoter")
     work = Path(cfg.work_dir).resolve()
     logs = work / "logs"
 
@@ -217,7 +231,7 @@ def main(cfg: DemoConfig) -> DemoResult:
     search = f"demo-search-{int(time.time())}"
     job = run_stage("tune", "configs/tune/tiny.yaml", [
         # The search registers its best trial as <model_name>-tune; the best configuration is then trained
-        # in full below and registered as <model_name>, the version that gets promoted.
+        # in full below and registered as <model_name>-candidates, the version that gets promoted.
         f"search_name={search}", f"num_samples={cfg.tune_samples}", f"register_as={cfg.model_name}-tune",
         f"train_overrides=[train.eval_every_steps=4,train.checkpoint_every_steps=4,"
         f"{','.join(common + cfg.trial_overrides + cfg.train_overrides)}]",
@@ -234,35 +248,36 @@ def main(cfg: DemoConfig) -> DemoResult:
     step("train the best configuration (Ray Train, FSDP2) and register it")
     run_name = f"demo-{dataset_version}-{int(time.time())}"
     job = run_stage("train", "configs/train/tiny.yaml", [f"run_name={run_name}", *common, *cfg.final_overrides,
-                    *cfg.train_overrides, f"mlflow.register_as={cfg.model_name}",
+                    *cfg.train_overrides, f"mlflow.register_as={candidates}",
                     *[f"{k}={v}" for k, v in best_params.items()]], logs)
     train_run = run_of_job(job)
-    version = registered_version(cfg.model_name, train_run, job)
+    version = registered_version(candidates, train_run, job)
 
     step("train a LoRA adapter of the base (Ray Train, FSDP2, peft) and register it")
-    adapter_model = f"{cfg.model_name}-lora"
     job = run_stage("train", "configs/train/tiny.yaml", [f"run_name={run_name}-lora", *common, *cfg.final_overrides,
-                    *cfg.lora_overrides, *cfg.train_overrides, f"mlflow.register_as={adapter_model}"], logs,
+                    *cfg.lora_overrides, *cfg.train_overrides, f"mlflow.register_as={adapter_candidates}"], logs,
                     log_name="train-lora")
-    adapter_version = registered_version(adapter_model, run_of_job(job), job)
-    adapter_ref = f"models:/{adapter_model}/{adapter_version}"
+    adapter_candidate = registered_version(adapter_candidates, run_of_job(job), job)
+    adapter_ref = f"models:/{adapter_candidates}/{adapter_candidate}"
 
     step("batch eval (Ray Data + vLLM): base, adapter and fine-tuned side by side in one job")
-    tuned_ref = f"models:/{cfg.model_name}/{version}"
+    tuned_ref = f"models:/{candidates}/{version}"
     # Two engine pools (the base with its adapter; the fine-tuned model) at 0.4 CPU each: with the job's 0.25-CPU
     # tasks they fit on 2 CPUs beside the Serve app an earlier demo left running.
     run_stage("batch_infer", "configs/batch/eval_tiny.yaml", [
         f"engine.model={base_ref}", f"adapters=[{adapter_ref}]", f"compare=[{tuned_ref}]",
         "engine.cpus_per_engine=0.4", f"input_uri={corpus / 'eval.jsonl'}", f"output_uri={work / 'batch' / 'eval'}"],
         logs)
-    scores = {}
-    for key, answered in (("base", base_ref), ("fine-tuned", tuned_ref), ("adapter", adapter_ref)):
-        scores[key] = float(registry.get_version(answered).tags.get("eval.exact_match", "nan"))
-        print(f"    {key}: exact match {scores[key]:.3f}")
+    scores = {key: evaluated_exact_match(answered) for key, answered in (
+        ("base", base_ref), ("fine-tuned", tuned_ref), ("adapter", adapter_ref))}
+    for key, score in scores.items():
+        print(f"    {key}: exact match {score:.3f}")
 
-    step(f"promote {cfg.model_name}/{version} to @champion (MLflow REST, as the UI does) and roll out")
+    step(f"promote {candidates}/{version} into {cfg.model_name} @champion as the promoter (the MLflow UI's "
+         "\"Promote model\" and alias calls) and roll out")
     promoted_at = time.time()
-    promote(cfg.model_name, version)
+    candidate_version, version = version, promote(candidates, version, cfg.model_name, promoter)
+    print(f"    promoted: models:/{cfg.model_name}/{version} (a copy of {candidates}/{candidate_version})")
     run_stage("rollout", "configs/rollout/tiny.yaml", [f"model={cfg.model_name}"], logs)
     rollout_s = time.time() - promoted_at
 
@@ -272,9 +287,10 @@ def main(cfg: DemoConfig) -> DemoResult:
     print(f"    Q: {question}  A: {answer!r} ({'right' if answer.strip() == expected else f'wrong: {expected}'}) "
           f"(served by {served})")
 
-    step(f"promote the adapter {adapter_model}/{adapter_version} to @champion and serve it beside its base "
+    step(f"promote the adapter {adapter_candidates}/{adapter_candidate} into {adapter_model} @champion and serve it "
+         "beside its base "
          f"({LORA_APP['route_prefix']})")
-    promote(adapter_model, adapter_version)
+    adapter_version = promote(adapter_candidates, adapter_candidate, adapter_model, promoter)
     run_stage("serve", "configs/serve/tiny_cpu.yaml", [
         *[f"{k}={v}" for k, v in LORA_APP.items()], f"engine.model={base_ref}",
         f"lora.adapters.{cfg.adapter_name}=models:/{adapter_model}@{registry.DEFAULT_ALIAS}"], logs, log_name="serve-lora")
@@ -290,9 +306,20 @@ def main(cfg: DemoConfig) -> DemoResult:
         best_params=best_params, train_run_id=train_run.info.run_id, model_name=cfg.model_name,
         model_version=version, exact_match=scores, rollout_s=rollout_s, question=question, answer=answer,
         served_by=served, adapter_model=adapter_model, adapter_version=adapter_version, adapter_answer=adapter_answer,
-        adapter_served_by=adapter_served, total_s=time.time() - t0, started_at=t0, train_run_name=run_name)
+        adapter_served_by=adapter_served, total_s=time.time() - t0, started_at=t0, train_run_name=run_name,
+        candidate_version=candidate_version)
     print_summary(result, scfg)
     return result
+
+
+def evaluated_exact_match(ref: str) -> float:
+    """Exact match of the version as the batch eval logged it on its run over the version's bytes (the gate's
+    figure: serve/gate.py `eval_figures`), not a tag anyone may edit."""
+    from serve.gate import eval_figures
+
+    mv = registry.get_version(ref)
+    figures, _ = eval_figures(mv.name, mv.version, mv.tags.get(registry.TAG_WEIGHTS_DIGEST), "rayline-eval")
+    return float(figures.get("eval.exact_match", "nan"))
 
 
 def scfg_serve_url(scfg: stack.StackConfig) -> str:
@@ -319,7 +346,10 @@ def print_summary(r: DemoResult, scfg: stack.StackConfig) -> None:
         "best trial": f"{r.best_trial} {r.best_params}",
         "exact match": f"base {r.exact_match['base']:.3f} -> fine-tuned {r.exact_match['fine-tuned']:.3f}, "
                        f"LoRA adapter {r.exact_match['adapter']:.3f}",
-        "model version": f"models:/{r.model_name}/{r.model_version} (@{registry.DEFAULT_ALIAS})",
+        "model version": f"models:/{r.model_name}/{r.model_version} (@{registry.DEFAULT_ALIAS}; promoted from "
+                         f"{r.model_name}{mlflow_auth.CANDIDATES_SUFFIX}/{r.candidate_version})",
+        "roles": f"MLflow logins in {mlflow_auth.credentials_dir(scfg.state)}/<role>/ (trainer, evaluator, promoter, "
+                 "rollout, reader, admin); the OpenAI client key is $OPENAI_API_KEY (`python -m pipelines.stack env`)",
         "rollout time": f"{r.rollout_s:.0f}s (alias set -> new version serving)",
         "chat": f"{r.question!r} -> {r.answer!r} ({'right' if r.answer.strip() == QUESTION[1] else 'wrong'}; "
                 f"served by {r.served_by})",
@@ -335,8 +365,9 @@ def print_summary(r: DemoResult, scfg: stack.StackConfig) -> None:
         print(f"  {k:18} {v}")
     print(f"\nLineage: MLflow UI -> Models -> {r.model_name} -> Version {r.model_version}: its tags name the dataset\n"
           f"version and manifest, the training run (source run) and the rollout record (rollout.status, deployed_at).\n"
-          f"Promote another version: MLflow UI -> Models -> {r.model_name} -> a version -> Aliases -> add "
-          f"`{registry.DEFAULT_ALIAS}`;\nthen `python -m pipelines.rollout --config configs/rollout/tiny.yaml` rolls it "
+          f"Promote another version (logged in as the promoter): MLflow UI -> Models -> "
+          f"{r.model_name}{mlflow_auth.CANDIDATES_SUFFIX} -> a version -> Promote model -> {r.model_name}, then on the "
+          f"copy Aliases -> add `{registry.DEFAULT_ALIAS}`;\nthen `python -m pipelines.rollout --config configs/rollout/tiny.yaml` rolls it "
           f"out once, or add `--watch` to follow the alias (polling, or MLflow webhooks with webhook_port set).")
     if "RAYLINE_PROMETHEUS_URL" in stack.env_vars(scfg):
         url = stack.env_vars(scfg)["RAYLINE_PROMETHEUS_URL"]

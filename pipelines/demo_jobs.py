@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
@@ -97,13 +98,31 @@ def data_run_of_job(job_id: str, log: Path):
         return run
 
 
-def promote(name: str, version: str, alias: str = registry.DEFAULT_ALIAS) -> None:
-    """Set the alias with the REST call the MLflow UI makes when a person promotes a version."""
-    body = json.dumps({"name": name, "alias": alias, "version": str(version)}).encode()
-    req = urllib.request.Request(f"{registry.tracking_uri()}/api/2.0/mlflow/registered-models/alias", data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
+def _as_promoter(path: str, body: dict, login: Path) -> dict:
+    """One MLflow REST call logged in as the promoter (HTTP basic auth, as the browser sends it)."""
+    from pipelines.secret_files import read_login
+
+    user, password = read_login(login)
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    req = urllib.request.Request(f"{registry.tracking_uri()}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": f"Basic {auth}"},
+                                 method="POST")
     with urllib.request.urlopen(req, timeout=30) as r:
-        r.read()
+        return json.loads(r.read() or b"{}")
+
+
+def promote(candidates: str, version: str, production: str, login: Path, alias: str = registry.DEFAULT_ALIAS) -> str:
+    """What a promoter does in the MLflow UI: "Promote model" copies the candidate version into the production model
+    (its source `models:/<candidates>/<version>`, its run and tags with it), then the alias goes on the copy. The
+    same REST calls the UI makes, as the promoter; returns the production version."""
+    mv = registry.client().get_model_version(candidates, version)
+    created = _as_promoter("model-versions/create", {
+        "name": production, "source": f"models:/{candidates}/{version}", "run_id": mv.run_id,
+        "tags": [{"key": k, "value": v} for k, v in mv.tags.items()],
+        "description": f"promoted from {candidates}/{version}"}, login)
+    copy = str(created["model_version"]["version"])
+    _as_promoter("registered-models/alias", {"name": production, "alias": alias, "version": copy}, login)
+    return copy
 
 
 def chat(base_url: str, question: str, model: str = "rayline") -> tuple[str, str]:

@@ -55,7 +55,11 @@ def scrape_config(state: Path, port: int, mlflow_port: int, interval_s: float) -
         "scrape_configs": [
             {"job_name": "ray",
              "file_sd_configs": [{"files": [str(folder(state) / "ray_nodes.json")], "refresh_interval": every}]},
-            {"job_name": "mlflow", "static_configs": [{"targets": [f"127.0.0.1:{mlflow_port}"]}]},
+            # MLflow answers nobody without a login, and its auth app fails closed on routes it has no rule for:
+            # /metrics answers its admins only (MLflow 3.17). Prometheus, a process of the stack's own user, reads
+            # the admin's password file (0600) itself; the password is in no config or argv.
+            {"job_name": "mlflow", "static_configs": [{"targets": [f"127.0.0.1:{mlflow_port}"]}],
+             "basic_auth": {"username": "admin", "password_file": str(state / "credentials" / "admin" / "password")}},
             {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
         ],
     }

@@ -51,7 +51,10 @@ def init_ray(**kwargs) -> None:
         os.environ.pop("RAY_ADDRESS")
     runtime_env = kwargs.pop("runtime_env", None) or {}
     if not ray_job_id() and "working_dir" not in runtime_env:
-        env_vars = {**runtime_env.get("env_vars", {}), "PYTHONPATH": str(PROJECT_ROOT)}
+        # This driver's MLflow role goes to its workers too (names of files, never the secrets in them).
+        login = {k: os.environ[k] for k in ("RAYLINE_ROLE", "RAYLINE_CREDENTIALS_DIR", "RAYLINE_MLFLOW_CREDENTIALS")
+                 if os.environ.get(k)}
+        env_vars = {**runtime_env.get("env_vars", {}), "PYTHONPATH": str(PROJECT_ROOT), **login}
         runtime_env = {**runtime_env, "env_vars": env_vars}
     try:
         ray.init(address=addr or "auto", runtime_env=runtime_env, log_to_driver=True, **kwargs)

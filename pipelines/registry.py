@@ -59,10 +59,44 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
 
 
+CREDENTIALS_ENV = "RAYLINE_MLFLOW_CREDENTIALS"
+"""A folder with `username` and `password` (a Kubernetes basic-auth Secret mounted as a volume): this process's login."""
+CREDENTIALS_DIR_ENV = "RAYLINE_CREDENTIALS_DIR"
+"""A folder of role logins (`<dir>/<role>/{username,password}`, the local stack's `.rayline/credentials`) ..."""
+ROLE_ENV = "RAYLINE_ROLE"
+"""... and the role this process acts as (trainer, evaluator, promoter, rollout, reader, admin): never a secret, so a
+job's runtime_env may carry it; the secrets stay in files on the cluster."""
+
+
+def login_folder() -> Path | None:
+    """The credentials folder this process logs in to MLflow with: $RAYLINE_MLFLOW_CREDENTIALS, else
+    $RAYLINE_CREDENTIALS_DIR/$RAYLINE_ROLE; None when neither is set (MLflow's own MLFLOW_TRACKING_* apply)."""
+    if os.environ.get(CREDENTIALS_ENV):
+        return Path(os.environ[CREDENTIALS_ENV])
+    if os.environ.get(CREDENTIALS_DIR_ENV) and os.environ.get(ROLE_ENV):
+        return Path(os.environ[CREDENTIALS_DIR_ENV]) / os.environ[ROLE_ENV]
+    return None
+
+
+def use_login() -> str | None:
+    """Put this process's login (login_folder) where MLflow's client reads it, per request: MLFLOW_TRACKING_USERNAME
+    and MLFLOW_TRACKING_PASSWORD in this process's environment (never a child's command line or a job's runtime_env).
+    Returns the username, or None when no rayline login is configured."""
+    from pipelines.secret_files import read_login
+
+    folder = login_folder()
+    if folder is None:
+        return None
+    user, password = read_login(folder)
+    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = user, password
+    return user
+
+
 def client() -> MlflowClient:
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    use_login()
     mlflow.set_tracking_uri(tracking_uri())
     return MlflowClient(tracking_uri())
 
@@ -224,6 +258,23 @@ def set_version_tags(name: str, version: int | str, tags: dict[str, str]) -> Non
     c = client()
     for k, v in tags.items():
         c.set_model_version_tag(name, str(version), k, str(v))
+
+
+def set_display_tags(name: str, version: int | str, tags: dict[str, str]) -> str | None:
+    """set_version_tags for tags people read and nothing decides on (eval figures, reports): a role that may not
+    write `name` (the evaluator on a production model) leaves them off. Returns a note saying so, else None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        set_version_tags(name, version, tags)
+    except MlflowException as e:
+        if e.error_code != "PERMISSION_DENIED" and "403" not in str(e):
+            raise
+        note = (f"{name}/{version}: not tagged ({os.environ.get(ROLE_ENV) or 'this login'} may not write {name}); "
+                "the run holds the figures")
+        print(note, flush=True)
+        return note
+    return None
 
 
 def parse_model_ref(ref: str) -> tuple[str, str | None, str | None]:

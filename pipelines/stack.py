@@ -30,7 +30,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipelines import gcs_store, objectstore, prometheus, stack_parts
+from pipelines import api_keys, gcs_store, mlflow_auth, objectstore, prometheus, stack_parts
 from pipelines.config import ConfigError, apply_overrides, from_dict, to_dict
 from pipelines.processes import kill_session_and_wait, pid_alive, ray_session_dir
 from pipelines.ray_node import NODE_LABEL, alive_nodes, worker_node_name, worker_node_ports
@@ -133,6 +133,7 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
     (state / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
     ensure_secret(ray_token_path(cfg))
     ensure_secret(webhook_secret_path(cfg))
+    api_keys.create_stack_keys(state)  # the OpenAI endpoint's client and admin keys (0600) and their hashes
     namespace = _gcs_namespace(cfg) if cfg.gcs_redis else ""
     specs = {part: procs for part, procs in stack_parts.specs(cfg, namespace).items() if parts is None or part in parts}
     if "s3" in specs:
@@ -187,6 +188,8 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
     _write_state(state, data)
     for part in specs:
         _wait_healthy(cfg, part, specs[part], data, deadline, ready.get(part))
+    if "mlflow" in specs:  # the roles, the evidence experiment and the production models (pipelines/mlflow_auth.py)
+        mlflow_auth.provision(f"http://127.0.0.1:{cfg.mlflow_port}", state, cfg.production_models)
     if "s3" in specs:
         objectstore.ensure_bucket(state, cfg.bucket, cfg.s3_port)
     if "prometheus" in specs and "ray-head" in data["pids"]:

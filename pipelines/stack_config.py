@@ -63,6 +63,10 @@ class StackConfig:
     when work waits for resources and to remove them when idle (pipelines/ray_autoscaler.py). 0 = off."""
     autoscale_idle_timeout_s: float = 30.0
     """Seconds an autoscaled node stays idle before the autoscaler removes it."""
+    production_models: list[str] = field(default_factory=lambda: ["rayline-tiny", "rayline-tiny-arith",
+                                                                   "rayline-tiny-base"])
+    """Registered models that serve (pipelines/mlflow_auth.py): created by the admin at `up`, written only by promoters
+    and the rollout; each gets `<name>-candidates` beside it for trainers to register into."""
     ray_env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every Ray process of the stack (head, worker nodes, autoscaled nodes), e.g. Ray or Serve
     settings read from the environment (`RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S: "2"`); it wins over the stack's own."""

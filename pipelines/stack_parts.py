@@ -7,8 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines import gcs_store, objectstore, prometheus
+from pipelines import api_keys, gcs_store, mlflow_auth, objectstore, prometheus
 from pipelines.ray_autoscaler import head_autoscaler
+from pipelines.secret_files import read_login
 from pipelines.ray_env import SERVE_PROCESS_ENV, local_serve_env
 from pipelines.ray_node import NODE_LABEL, worker_node_argv, worker_node_env, worker_node_name, worker_node_ports
 from pipelines.stack_config import PROJECT_ROOT, StackConfig
@@ -77,7 +78,15 @@ def env_vars(cfg: StackConfig) -> dict[str, str]:
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{cfg.mlflow_port}",
         "RAYLINE_SERVE_URL": f"http://127.0.0.1:{cfg.serve_port}",
         "RAYLINE_WEBHOOK_SECRET_FILE": str(webhook_secret_path(cfg)),
+        # MLflow logins (pipelines/mlflow_auth.py): a folder of role logins and the role this shell acts as (the
+        # stack's own user is its admin; `RAYLINE_ROLE=trainer` and so on act as a role, as each stage's job does).
+        "RAYLINE_CREDENTIALS_DIR": str(mlflow_auth.credentials_dir(cfg.state)),
+        "RAYLINE_ROLE": "admin",
     }
+    env.update(api_keys.client_env(cfg.state))  # OPENAI_API_KEY (the local user's client key), the keys' files
+    admin = mlflow_auth.login_dir(cfg.state, mlflow_auth.ADMIN)
+    if (admin / "password").exists():  # plain `mlflow` and the MLflow UI's user in this shell: the stack's admin
+        env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"] = read_login(admin)
     if cfg.s3:
         env.update(objectstore.s3_env(cfg.state, cfg.s3_port))
         env["RAYLINE_BUCKET"] = cfg.bucket
@@ -111,6 +120,10 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
     # RayService's serveConfigV2 holds it) resolves `engine.model` when the cluster builds it, and each replica
     # resolves its adapters' aliases (serve/served_adapters.py), as a KubeRay pod does with the profile's URI.
     ray_env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{cfg.mlflow_port}"
+    # The cluster holds the logins as files (a pod, a role's Secret); a process acts as `reader` unless its job's
+    # runtime_env names its role (pipelines.submit: the stage's role), so no password ever travels with a job.
+    ray_env.update({"RAYLINE_CREDENTIALS_DIR": str(mlflow_auth.credentials_dir(st)), "RAYLINE_ROLE": "reader"})
+    ray_env.update(api_keys.server_env(st))  # the hashed OpenAI keys the replicas check, the admin key's file
     if cfg.s3:
         ray_env.update(objectstore.s3_env(st, cfg.s3_port))
     if runs_prometheus(cfg):
@@ -128,13 +141,14 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
         python(), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(cfg.mlflow_port),
         "--backend-store-uri", f"sqlite:///{st / 'mlflow' / 'mlflow.db'}",
         "--artifacts-destination", str(st / "mlflow" / "artifacts"), "--workers", "1",
-        "--expose-prometheus", str(st / "mlflow" / "metrics"),
+        "--expose-prometheus", str(st / "mlflow" / "metrics"), *mlflow_auth.server_argv(),
     ]
     out = {
         **({"redis": [("redis", gcs_store.prepare(st, cfg.redis_port), {})]} if cfg.gcs_redis else {}),
         "ray": [("ray-head", ray_argv, head_env)],
         # Job execution spawns a worker pool that costs ~1 GB; rayline does not use it.
-        "mlflow": [("mlflow", mlflow_argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **MLFLOW_WEBHOOK_ENV})],
+        "mlflow": [("mlflow", mlflow_argv, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **MLFLOW_WEBHOOK_ENV,
+                                            **mlflow_auth.server_config(st)})],
     }
     if cfg.s3:
         out["s3"] = [(n, a, {}) for n, a in objectstore.prepare(st, cfg.s3_port, cfg.memcached_port)]

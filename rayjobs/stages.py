@@ -54,8 +54,9 @@ WORKING_DIR_EXCLUDES = [
 FORWARDED_ENV = (
     "MLFLOW_TRACKING_URI", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
     "AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION", "RAYLINE_SERVE_URL", "RAYLINE_DASHBOARD_URL",
-    "RAYLINE_ROLE",
 )
+# Not RAYLINE_ROLE: the shell of the stack's own user acts as admin, and a job acts as its stage's role unless
+# `--env RAYLINE_ROLE=...` says otherwise.
 
 
 class SecretInRuntimeEnv(ValueError):

@@ -42,6 +42,8 @@ class ServedModel:
     version: str | None = None
     alias: str | None = None
     """The alias that selected this version, when one did."""
+    digest: str | None = None
+    """sha256 digest of the files the gate approved (pipelines/weights_manifest.py): each replica loads nothing else."""
 
     @property
     def label(self) -> str:
@@ -53,28 +55,31 @@ class ServedModel:
 
     @classmethod
     def from_args(cls, data: dict[str, Any]) -> "ServedModel":
-        return cls(**{k: data.get(k) for k in ("source", "ref", "name", "version", "alias")})
+        return cls(**{k: data.get(k) for k in ("source", "ref", "name", "version", "alias", "digest")})
 
 
 def resolve_served_model(ref: str, cache_dir: str | Path | None = None, alias: str | None = None) -> ServedModel:
     """A model reference -> the checkpoint to serve, pinned to one registry version.
 
     s3:// checkpoints stay URIs (every replica node downloads them itself); anything else becomes a
-    local directory through `serve.engine.resolve_model` (MLflow artifacts are downloaded into cache_dir).
+    local directory through `serve.engine.resolve_model` (MLflow artifacts are downloaded into cache_dir). Either
+    way the bytes are hashed against the version's manifest here, and the digest is pinned for the replicas.
     """
     cache = cache_dir or engine.default_cache_dir()
     uri = registry.resolve_model_uri(ref, cache)
     if storage.is_s3(uri):
-        name = version = None
+        name = version = mv = None
         if ref.startswith("models:/"):
             mv = registry.get_version(ref)
             name, version = mv.name, str(mv.version)
             alias = alias or registry.parse_model_ref(ref)[2]
-        source, info = uri, engine.ModelInfo(ref=ref, uri=uri, name=name, version=version, alias=alias)
+        source, info = uri, engine.ModelInfo(ref=ref, uri=uri, name=name, version=version, alias=alias,
+                                             digest=engine.checked_digest(uri, mv))
     else:
         source, info = engine.resolve_model(ref, cache)
     pinned = f"models:/{info.name}/{info.version}" if info.name and info.version else ref
-    return ServedModel(source=source, ref=pinned, name=info.name, version=info.version, alias=alias or info.alias)
+    return ServedModel(source=source, ref=pinned, name=info.name, version=info.version, alias=alias or info.alias,
+                       digest=info.digest)
 
 
 def resolve_served_adapters(cfg: Config, model: ServedModel) -> dict[str, dict[str, Any]]:

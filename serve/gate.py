@@ -1,8 +1,14 @@
-"""The rollout gate: a version's eval tags against thresholds, and its exported checkpoint checked for completeness.
+"""The rollout gate: a version's eval figures against thresholds, and its exported checkpoint checked for completeness.
+
+The figures are the metrics the batch stage logged on its eval run of exactly these bytes (`eval_figures`: the
+run names the version and the sha256 digest of the files it evaluated, pipelines/weights_manifest.py), in the
+eval experiment that only the evaluator identity may write. Version tags (`eval.exact_match`, ...) stay for people
+to read: changing one changes nothing the gate decides.
 
 Each check returns reasons (empty = pass), written so the person who promoted the version can act on
-them: which tag, what value, which threshold; which file is missing, cut short, or does not match
-config.json. Only headers are read (a few KB per file, local or s3://), never the weights.
+them: which figure, what value, which threshold; which file is missing, cut short, or does not match
+config.json. The completeness checks read headers only (a few KB per file, local or s3://); the hashing that
+pins the bytes happens where the checkpoint is resolved (serve/engine.py `checked_digest`).
 """
 
 from __future__ import annotations
@@ -12,26 +18,64 @@ import math
 import posixpath
 import struct
 
-from pipelines import storage
+from pipelines import registry, storage
 from serve.rollout_config import GateConfig
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# Pickle-based weights run code when loaded: the gate refuses them; only safetensors are served.
+PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
+FIGURE_PREFIX = "eval."
+
+
+def eval_figures(name: str, version: str, digest: str | None, experiment: str) -> tuple[dict[str, str], str | None]:
+    """The metrics of the latest finished eval run of `name`/`version` (for a copied version: the version it was
+    copied from) over the bytes with `digest`, in `experiment`, as the gate names them (`eval.<metric>`), and that
+    run's id; ({}, None) when there is none."""
+    if not digest:
+        return {}, None
+    c = registry.client()
+    origin = registry.origin_version(c.get_model_version(name, str(version)))  # a copy's evidence is its origin's
+    name, version = origin.name, str(origin.version)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}, None
+    runs = c.search_runs(
+        [exp.experiment_id],
+        filter_string=(f"tags.`{registry.TAG_MODEL_NAME}` = '{name}' and tags.`{registry.TAG_MODEL_VERSION}` = "
+                       f"'{version}' and tags.`{registry.TAG_WEIGHTS_DIGEST}` = '{digest}' and "
+                       "attributes.status = 'FINISHED'"),
+        order_by=["attributes.start_time DESC"], max_results=1,
+    )
+    if not runs:
+        return {}, None
+    return {f"{FIGURE_PREFIX}{k}": repr(v) for k, v in runs[0].data.metrics.items()}, runs[0].info.run_id
+
+
+def evidence_problems(name: str, version: str, digest: str | None, gate: GateConfig) -> list[str]:
+    """The gate's metric bounds against the eval run of exactly these bytes (eval_figures)."""
+    figures, run_id = eval_figures(name, version, digest, gate.eval_experiment)
+    if run_id is None and (gate.min_metrics or gate.max_metrics):
+        return [f"no finished eval run of {name}/{version} over its bytes (sha256 {str(digest)[:16]}...) in the "
+                f"experiment {gate.eval_experiment}: run batch eval on this version first (tags do not count)"]
+    return metric_problems(figures, gate)
+
+
 def metric_problems(tags: dict[str, str], gate: GateConfig) -> list[str]:
-    """Eval tags (`eval.exact_match`, ...) outside the configured bounds, missing or not numbers."""
+    """Eval figures (`eval.exact_match`, ...) outside the configured bounds, missing or not numbers."""
     problems = []
     bounds = [(k, v, "min") for k, v in gate.min_metrics.items()] + [(k, v, "max") for k, v in gate.max_metrics.items()]
     for tag, bound, kind in bounds:
         raw = tags.get(tag)
         if raw is None:
-            problems.append(f"tag {tag} is missing (run batch eval on this version first); gate needs {kind} {bound}")
+            problems.append(f"{tag} is missing (run batch eval on this version first); gate needs {kind} {bound}")
             continue
         try:
             value = float(raw)
         except ValueError:
-            problems.append(f"tag {tag}={raw!r} is not a number; gate needs {kind} {bound}")
+            problems.append(f"{tag}={raw!r} is not a number; gate needs {kind} {bound}")
             continue
         if math.isnan(value) or (kind == "min" and value < bound) or (kind == "max" and value > bound):
             op = "<" if kind == "min" else ">"
@@ -103,7 +147,9 @@ def checkpoint_problems(source: str) -> list[str]:
             return problems + [f"{source}/{index}: unreadable ({e})"]
         problems += [f"{source}: shard {s} listed in {index} is missing" for s in sorted(shards - files)]
     elif not weights:
-        problems.append(f"{source}: no weight files (*.safetensors or *.bin)")
+        problems.append(f"{source}: no weight files (*.safetensors)")
+    problems += [f"{source}/{f}: pickle-based weights are refused (loading one can run code); export safetensors"
+                 for f in sorted(files) if f.endswith(PICKLED_SUFFIXES)]
     for w in weights:
         if w.endswith(".safetensors"):
             header, problem = safetensors_header(storage.join(source, w))
@@ -113,9 +159,9 @@ def checkpoint_problems(source: str) -> list[str]:
     return problems
 
 
-def gate_problems(tags: dict[str, str], source: str | None, gate: GateConfig) -> list[str]:
-    """Every reason the version must not be deployed: eval metrics first, then the checkpoint."""
-    problems = metric_problems(tags, gate)
+def gate_problems(name: str, version: str, digest: str | None, source: str | None, gate: GateConfig) -> list[str]:
+    """Every reason the version must not be deployed: its eval evidence first, then the checkpoint."""
+    problems = evidence_problems(name, version, digest, gate)
     if gate.check_artifacts and source is not None:
         problems += checkpoint_problems(source)
     return problems

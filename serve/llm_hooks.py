@@ -112,6 +112,12 @@ class RaylineServer(LLMServer):
         self._gate = Gate.from_config(auth) if auth is not None else None
         self._rayline = dict(rayline or {})
         self._request_metrics = request_metrics
+        if self._rayline:  # the bytes the gate approved, or no engine at all
+            import asyncio
+
+            from serve.engine import check_pinned_bytes
+
+            await asyncio.to_thread(check_pinned_bytes, self._rayline)
         await super().__init__(llm_config, **kwargs)
         from serve.canary_split import CanaryState
 

@@ -2,7 +2,8 @@
 
 One attempt (`Rollout.once`), when `NAME@alias` is not the version the app serves (the base model, or with
 `adapter` one of the LoRA adapters the same replicas serve, swapped in place without an engine restart):
-  1. gate     eval tags vs thresholds, checkpoint complete (serve/gate.py); refuse -> tag, alias back
+  1. gate     the eval run of these exact bytes vs thresholds, bytes = registered manifest, checkpoint complete
+              (serve/gate.py, serve/engine.py checked_digest); refuse -> tag, alias back
   2. deploy   render the app pinned to the version; dashboard REST PUT or RayService patch (serve/deploy_target.py)
   3. verify   app RUNNING on the new config, then a smoke request answered by the new version (serve/verify.py)
   4. record   version tags and a run in the `rayline-rollout` experiment (serve/rollout_record.py)
@@ -29,7 +30,7 @@ from serve.adapters import resolve_adapter
 from serve.app import (ServedModel, adapters_of, render_serve_config, resolve_served_adapters, resolve_served_model,
                        served_model_of)
 from serve.deploy_target import DeployError, KubeRayService, LocalServe
-from serve.gate import gate_problems, metric_problems
+from serve.gate import evidence_problems, gate_problems
 from serve.rollout_config import Config
 from serve.serve_config import Config as ServeConfig
 from serve.verify import VerifyOutcome, admin_key, served_versions, wait_until_answering, wait_until_healthy
@@ -172,6 +173,7 @@ class Rollout:
             return render_serve_config(self.serve_cfg, served, self._adapters_for_base)
         adapters = {**adapters_of(previous_app), self.cfg.adapter: {
             "ref": served.ref, "source": served.source, "name": served.name, "version": served.version,
+            "digest": served.digest,
             "label": served.label}}
         return render_serve_config(self.serve_cfg, served_model_of(previous_app), adapters)
 
@@ -182,9 +184,9 @@ class Rollout:
         try:
             served = resolve_served_model(f"models:/{name}/{version}", self.serve_cfg.model_cache_dir or None,
                                           alias=self.cfg.alias)
-        except (LookupError, OSError, ValueError, MlflowException) as e:
+        except (LookupError, OSError, ValueError, MlflowException) as e:  # ManifestMismatch is a ValueError
             return None, [f"checkpoint of {name}/{version} cannot be resolved: {e}"]
-        problems = gate_problems(tags, served.source, self.cfg.gate)
+        problems = gate_problems(name, version, served.digest, served.source, self.cfg.gate)
         self._adapters_for_base = None
         if self.serve_cfg.lora.adapters and not problems:
             # The served adapters must fit the new base too (each was trained on one base version): refused here,
@@ -218,10 +220,10 @@ class Rollout:
             a = resolve_adapter(f"models:/{name}/{version}", base.source, info, self.serve_cfg.model_cache_dir or None,
                                 self.serve_cfg.lora.max_lora_rank, where=f"{name}/{version}")
         except (LookupError, OSError, ValueError, MlflowException) as e:
-            return None, metric_problems(tags, self.cfg.gate) + [str(e)]
+            return None, [str(e)]
         served = ServedModel(source=a.path, ref=f"models:/{name}/{version}", name=name, version=version,
-                             alias=self.cfg.alias)
-        return served, metric_problems(tags, self.cfg.gate)
+                             alias=self.cfg.alias, digest=a.info.digest)
+        return served, evidence_problems(name, version, a.info.digest, self.cfg.gate)
 
     def _expect(self, served: ServedModel) -> tuple[str, str, str]:
         """(model clients send, what the answer must carry, in which field) once `served` answers."""

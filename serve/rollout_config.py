@@ -20,10 +20,14 @@ from pipelines.registry import DEFAULT_ALIAS
 class GateConfig:
     """What a version must show before it is deployed; a failing version is refused and tagged with why."""
 
-    min_metrics: dict[str, float] = field(default_factory=lambda: {"eval.exact_match": 0.0})
-    """Version tag -> lowest acceptable value (tags written by batch eval). A missing tag fails the gate."""
+    min_metrics: dict[str, float] = field(default_factory=lambda: {"eval.exact_match": 0.5})
+    """`eval.<metric>` -> lowest acceptable value of that metric on the batch stage's eval run of exactly the
+    version's bytes (serve/gate.py `eval_figures`; tags do not count). A missing figure fails the gate."""
     max_metrics: dict[str, float] = field(default_factory=dict)
-    """Version tag -> highest acceptable value (e.g. an error rate)."""
+    """`eval.<metric>` -> highest acceptable value (e.g. an error rate)."""
+    eval_experiment: str = "rayline-eval"
+    """The MLflow experiment the evaluator identity writes its eval runs to (the batch config's mlflow_experiment);
+    on an MLflow with authentication, only the evaluator (and admin) may write it."""
     check_artifacts: bool = True
     """Require a complete checkpoint: config.json, tokenizer, every weight shard whole (safetensors headers)."""
 

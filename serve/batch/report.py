@@ -180,14 +180,15 @@ def load_gate(gate_config: str):
 
 
 def gate_verdict(gate, model: ModelInfo, source: str, adapter: bool) -> list[str] | None:
-    """What the rollout's gate (load_gate) says of the version as tagged now: every reason it would refuse it
-    (empty: pass); None without a gate."""
+    """What the rollout's gate (load_gate) says of the version now, from the eval run just logged over its bytes:
+    every reason it would refuse it (empty: pass); None without a gate."""
     if gate is None:
         return None
-    from serve.gate import gate_problems, metric_problems
+    from serve.gate import evidence_problems, gate_problems
 
-    tags = registry.client().get_model_version(model.name, model.version).tags
-    return metric_problems(tags, gate) if adapter else gate_problems(tags, source, gate)
+    if adapter:
+        return evidence_problems(model.name, model.version, model.digest, gate)
+    return gate_problems(model.name, model.version, model.digest, source, gate)
 
 
 def publish(report: Report, model: ModelInfo, run_id: str, gate_problems: list[str] | None) -> dict[str, str]:
@@ -204,5 +205,5 @@ def publish(report: Report, model: ModelInfo, run_id: str, gate_problems: list[s
     if gate_problems is not None:
         tags[TAG_GATE_VERDICT] = "refused" if gate_problems else "pass"
         tags[TAG_GATE_REASONS] = "; ".join(gate_problems)[:4000]
-    registry.set_version_tags(model.name, model.version, tags)
+    registry.set_display_tags(model.name, model.version, tags)
     return tags

@@ -1,7 +1,8 @@
 """Eval results into MLflow: one run per evaluation, linked to the model version, and `eval.*` version tags.
 
-A promotion gate reads the version tags (`eval.exact_match`, ...) without opening the run; the run keeps the
-details (per-task metrics, counts, throughput, the config as params) and `eval.run_id` points to it.
+The run is the evidence: it names the version and the sha256 digest of the bytes evaluated
+(`rayline.weights_digest`), and its logged metrics are what the rollout's gate reads (serve/gate.py
+`eval_figures`). The `eval.*` version tags are a copy for people in the MLflow UI; the gate ignores them.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from serve.engine import ModelInfo
 EVAL_TAG_PREFIX = "eval."
 """Model version tags written by eval mode: `eval.<metric>` (e.g. eval.exact_match, 4 decimals), `eval.run_id`,
 `eval.dataset`, `eval.rows`, `eval.errors`."""
-TAG_MODEL_NAME = "rayline.model_name"
-TAG_MODEL_VERSION = "rayline.model_version"
+TAG_MODEL_NAME = registry.TAG_MODEL_NAME
+TAG_MODEL_VERSION = registry.TAG_MODEL_VERSION
 TAG_MODEL_REF = "rayline.model_ref"
 TAG_COMPARED = "rayline.eval_models"
 """On each eval run of a job with several models (adapters, compare): every model it answered with, on the same rows."""
@@ -33,6 +34,8 @@ def run_tags(cfg, info: ModelInfo) -> dict[str, str]:
     tags[TAG_MODEL_REF] = info.ref
     if info.name and info.version:
         tags[TAG_MODEL_NAME], tags[TAG_MODEL_VERSION] = info.name, info.version
+    if info.digest:  # the bytes these figures are of: the only thing the rollout's gate accepts them for
+        tags[registry.TAG_WEIGHTS_DIGEST] = info.digest
     tags.update({k: info.tags[k] for k in LINEAGE_FROM_VERSION if k in info.tags})
     return tags
 
@@ -63,5 +66,20 @@ def record_eval(cfg, info: ModelInfo, scores: dict[str, float], counts: dict[str
             f"{EVAL_TAG_PREFIX}rows": str(int(scores.get("scored_rows", 0))),
             f"{EVAL_TAG_PREFIX}errors": str(int(counts.get("errors", 0))),
         })
-        registry.set_version_tags(info.name, info.version, tags)
+        registry.set_display_tags(info.name, info.version, tags)
     return run_id
+
+
+def record_figures(name: str, version: str, figures: dict[str, float | str], experiment: str = "rayline-eval",
+                   run_name: str | None = None) -> str:
+    """An eval run of `name`/`version` over its registered bytes with the given figures (`eval.<metric>` or
+    `<metric>` -> value), as the batch stage logs one: for benches and tests that promote a version without running
+    an eval job. The caller needs the evaluator's rights on `experiment`, as the batch stage does; returns the run id."""
+    import mlflow
+
+    mv = registry.client().get_model_version(name, str(version))
+    tags = {**registry.lineage_tags(STAGE), TAG_MODEL_NAME: name, TAG_MODEL_VERSION: str(version),
+            TAG_MODEL_REF: f"models:/{name}/{version}", registry.TAG_WEIGHTS_DIGEST: mv.tags[registry.TAG_WEIGHTS_DIGEST]}
+    with registry.start_run(experiment, run_name or f"eval-{name}-v{version}", tags=tags) as run:
+        mlflow.log_metrics({k.removeprefix(EVAL_TAG_PREFIX): float(v) for k, v in figures.items()})
+        return run.info.run_id

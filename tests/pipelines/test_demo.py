@@ -8,6 +8,7 @@ the promoted version.
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -51,6 +52,8 @@ def test_lineage_joins_dataset_run_model_version_and_deployment(demo):
     assert f"manifest: {result.manifest_uri}" in data_log, data_log[-3000:]
 
     mv = registry.get_version(f"models:/{cfg.model_name}/{result.model_version}")
+    # What serves is the promoter's copy of the candidate the trainer registered and the evaluator scored.
+    assert mv.source == f"models:/{cfg.model_name}-candidates/{result.candidate_version}"
     assert mv.run_id == result.train_run_id
     train_run = client.get_run(result.train_run_id)
     for tags in (mv.tags, train_run.data.tags):
@@ -126,7 +129,7 @@ def test_the_adapter_is_a_version_of_its_own_registered_with_its_base_and_served
     assert float(mv.tags["eval.exact_match"]) == pytest.approx(result.exact_match["adapter"])
     assert registry.get_alias(result.adapter_model, registry.DEFAULT_ALIAS).version == result.adapter_version
     # The adapter's app answers with the adapter version by name; the base app goes on answering as the promoted model.
-    client = OpenAI(base_url=f"http://127.0.0.1:{local_stack.serve_port}{LORA_APP['route_prefix']}/v1", api_key="unused")
+    client = OpenAI(base_url=f"http://127.0.0.1:{local_stack.serve_port}{LORA_APP['route_prefix']}/v1", api_key=os.environ["OPENAI_API_KEY"])
     resp = client.chat.completions.create(model=f"rayline:{cfg.adapter_name}", max_tokens=16, temperature=0,
                                           messages=[{"role": "user", "content": result.question}])
     assert resp.model == result.adapter_served_by == \
@@ -140,7 +143,7 @@ def test_chat_answer_comes_from_the_promoted_version(demo, local_stack):
     cfg, result = demo
     assert result.served_by == f"{cfg.model_name}/{result.model_version}"
     # Ask the live app again, independently of the demo's own request.
-    client = OpenAI(base_url=f"http://127.0.0.1:{local_stack.serve_port}/v1", api_key="unused")
+    client = OpenAI(base_url=f"http://127.0.0.1:{local_stack.serve_port}/v1", api_key=os.environ["OPENAI_API_KEY"])
     resp = client.chat.completions.create(model="rayline", messages=[{"role": "user", "content": result.question}],
                                           max_tokens=16, temperature=0)
     assert resp.system_fingerprint == result.served_by
@@ -183,7 +186,7 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
     # One eval job answered with two engine pools: the base's (its adapter's rows too) and the fine-tuned model's.
     evals = prometheus.query(url, 'sum by (run, model) (ray_rayline_batch_rows_done_total{mode="eval"})')
     models = {s["metric"]["model"] for s in evals if s["metric"]["run"] == "eval"}
-    assert f"{cfg.model_name}/{result.model_version}" in models, models
+    assert f"{cfg.model_name}-candidates/{result.candidate_version}" in models, models  # what the trainer registered
     assert any(m.startswith(f"{BASE_MODEL_NAME}/") for m in models), models
     steps = prometheus.query_range(url, f'max(ray_rayline_train_step{{run="{result.train_run_id}"}})',
                                    result.started_at, time.time())

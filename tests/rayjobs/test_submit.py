@@ -107,12 +107,13 @@ def test_forwarded_env_carries_pointers_only(monkeypatch):
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA-in-env")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
-    monkeypatch.setenv("RAYLINE_ROLE", "evaluator")
+    monkeypatch.setenv("RAYLINE_ROLE", "admin")  # the stack's own user, as `stack env` exports it
     env = stages.submission_env(stages.get_stage("data"))
-    assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000" and env["RAYLINE_ROLE"] == "evaluator"
+    # The job acts as its stage's role, not as the shell that submitted it; a role is chosen only explicitly.
+    assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000" and env["RAYLINE_ROLE"] == "trainer"
     assert not (set(SECRETS) | {"AWS_ACCESS_KEY_ID"}) & set(env)
-    monkeypatch.delenv("RAYLINE_ROLE")
-    assert stages.submission_env(stages.get_stage("rollout"))["RAYLINE_ROLE"] == "rollout"  # the stage's own role
+    assert stages.submission_env(stages.get_stage("rollout"))["RAYLINE_ROLE"] == "rollout"
+    assert stages.submission_env(stages.get_stage("data"), {"RAYLINE_ROLE": "evaluator"})["RAYLINE_ROLE"] == "evaluator"
 
 
 @pytest.mark.parametrize("name", ["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD", "DB_PASSWORD",

@@ -24,15 +24,21 @@ def browser_missing() -> str | None:
 
 
 def add_alias_in_ui(tracking_url: str, model: str, version: str, alias: str, screenshots: Path,
-                    timeout_s: float = 60) -> None:
-    """Open the version's page in the MLflow UI, click the Aliases "Add" control, type `alias`, save, and wait until
-    the page shows it."""
+                    timeout_s: float = 60, login: tuple[str, str] | None = None) -> None:
+    """Log in as `login` (username, password; default the shell's MLFLOW_TRACKING_USERNAME/PASSWORD: the stack's
+    admin), open the version's page in the MLflow UI, click the Aliases "Add" control, type `alias`, save, and wait
+    until the page shows it. MLflow's basic-auth app asks the browser for the login (HTTP basic auth)."""
+    import os
+
     from playwright.sync_api import sync_playwright
 
+    user, password = login or (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"])
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
                                     args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        context = browser.new_context(viewport={"width": 1400, "height": 900},
+                                      http_credentials={"username": user, "password": password})
+        page = context.new_page()
         page.set_default_timeout(timeout_s * 1000)
         try:
             # The alias dialog saves under the registered model the page loads (registered-models/get); a save
@@ -51,9 +57,9 @@ def add_alias_in_ui(tracking_url: str, model: str, version: str, alias: str, scr
             page.get_by_text(f"@ {alias}").or_(page.get_by_text(alias, exact=True)).first.wait_for()
         except Exception as e:
             screenshots.mkdir(parents=True, exist_ok=True)
-            shot = screenshots / f"mlflow-ui-{model}-{version}-{alias}.png"
+            shot = screenshots / f"mlflow-ui-{model}-{version}-{alias}-{user}.png"
             page.screenshot(path=str(shot), full_page=True)
-            raise AssertionError(f"the MLflow UI did not take alias {alias!r} for {model}/{version}: {e}; "
-                                 f"screenshot: {shot}") from None
+            raise AssertionError(f"the MLflow UI did not take alias {alias!r} for {model}/{version} from {user}: "
+                                 f"{e}; screenshot: {shot}") from None
         finally:
             browser.close()

@@ -26,6 +26,8 @@ from pathlib import Path
 import yaml
 
 from pipelines import api_keys, registry
+from pipelines.secret_files import ensure_secret, read_secret
+from serve.batch.tracking import record_figures
 
 # The app tests/serve/conftest.py deploys for the session (test_serve.py, test_llm_hooks.py).
 SERVED_MODEL, SERVED_APP, SERVED_PREFIX = "rayline-serve-test", "rayline-test-serve", "/serve-test"
@@ -106,7 +108,9 @@ def openai_client(base_url: str, api_key: str | None = None):
 
 
 def register_fresh(name: str, checkpoints: list[tuple[str, dict]]) -> list[str]:
-    """Register `name` anew (earlier sessions' versions removed) with one version per (path, tags); returns versions."""
+    """Register `name` anew (earlier sessions' versions removed) with one version per (path, tags); returns versions.
+    `eval.<metric>` entries in tags become an eval run of that version's bytes too (serve/batch/tracking.py
+    record_figures), as a batch eval job would log, so the rollout's gate sees them."""
     c = registry.client()
     try:
         c.delete_registered_model(name)
@@ -117,6 +121,10 @@ def register_fresh(name: str, checkpoints: list[tuple[str, dict]]) -> list[str]:
         for path, tags in checkpoints:
             mv = registry.register_checkpoint(name, path, run_id=run.info.run_id, tags=tags)
             versions.append(str(mv.version))
+    for version, (_, tags) in zip(versions, checkpoints):
+        figures = {k: v for k, v in tags.items() if k.startswith("eval.")}
+        if figures:  # what the gate reads: an eval run over the version's bytes, not the display tags
+            record_figures(name, version, figures)
     return versions
 
 

@@ -189,14 +189,19 @@ def test_the_first_rollout_on_kubernetes_went_through_the_rayservice(setup):
 
 
 def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(setup, tmp_path, local_stack):
-    """`pipelines.rollout --watch` with canary steps; a person adds `challenger` to v2 in the MLflow UI (headless
-    Chromium, the UI's own controls), MLflow's webhook wakes the watch, the canary runs under load and promotes v2."""
+    """`pipelines.rollout --watch` with canary steps; a trainer's clicks in the MLflow UI change nothing, then a
+    promoter adds `challenger` to v2 there (headless Chromium, the UI's own controls, each logged in as itself),
+    MLflow's webhook wakes the watch, the canary runs under load and promotes v2."""
     import mlflow
 
+    from pipelines import mlflow_auth
     from tests.serve.mlflow_ui import add_alias_in_ui, browser_missing
 
     if browser_missing():
         pytest.skip(f"the MLflow UI test needs a browser: {browser_missing()}")
+    # The module's model serves, so it is a production model: its promoters and the rollout are its only writers.
+    mlflow_auth.provision(mlflow.get_tracking_uri(), local_stack.state, [MODEL])
+    logins = mlflow_auth.ensure_logins(local_stack.state)
     v1, v2 = f"{MODEL}/1", f"{MODEL}/2"
     rollout = setup["rollout"](options={"watch": True, "poll_interval_s": 600, "max_rollouts": 1,
                                         "webhook_port": free_port(), "register_webhook": True})
@@ -211,8 +216,12 @@ def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(s
                 assert time.time() < deadline, "the watching rollout registered no webhook"
                 time.sleep(0.2)
             time.sleep(1)
+            with pytest.raises(AssertionError, match="did not take alias 'challenger'"):
+                add_alias_in_ui(mlflow.get_tracking_uri(), MODEL, "2", "challenger", tmp_path, timeout_s=15,
+                                login=logins["trainer"])
+            assert registry.get_alias(MODEL, "challenger") is None and not done  # the trainer's clicks: no change
             set_at = time.time()
-            add_alias_in_ui(mlflow.get_tracking_uri(), MODEL, "2", "challenger", tmp_path)
+            add_alias_in_ui(mlflow.get_tracking_uri(), MODEL, "2", "challenger", tmp_path, login=logins["promoter"])
             watch.join(timeout=420)
             done_at = time.time()
             time.sleep(3)

@@ -75,6 +75,18 @@ def test_empty_or_absent_checkpoint(tmp_path):
 
 def test_gate_reports_metrics_then_artifacts(checkpoint, tmp_path):
     gate = GateConfig(min_metrics={"eval.exact_match": 0.9})
-    problems = gate_problems({"eval.exact_match": "0.1"}, str(tmp_path / "gone"), gate)
-    assert len(problems) == 2 and problems[0].startswith("eval.exact_match=0.1")
-    assert gate_problems({"eval.exact_match": "0.1"}, None, GateConfig(min_metrics={})) == []
+    # No digest, no evidence: tags never count, so the figures are missing whatever the version is tagged with.
+    problems = gate_problems("m", "1", None, str(tmp_path / "gone"), gate)
+    assert len(problems) == 2 and problems[0].startswith("no finished eval run of m/1") and "no files" in problems[1]
+    assert gate_problems("m", "1", None, None, GateConfig(min_metrics={})) == []
+
+
+def test_pickled_weights_are_refused(checkpoint, tmp_path):
+    import shutil
+
+    ckpt = tmp_path / "pickled"
+    shutil.copytree(checkpoint, ckpt)
+    (ckpt / "pytorch_model.bin").write_bytes(b"not loaded: refused by name")
+    (problem,) = checkpoint_problems(str(ckpt))
+    assert problem.endswith("pytorch_model.bin: pickle-based weights are refused (loading one can run code); "
+                            "export safetensors")

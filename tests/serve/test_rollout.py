@@ -11,6 +11,7 @@ One Serve app for the module, first deployed by a rollout of v1. Then, in order:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -203,3 +204,62 @@ def served_fingerprint(setup) -> str:
     from serve.verify import smoke_request
 
     return smoke_request(setup["base_url"], "rayline", "ping", api_key=serving_keys().client)["system_fingerprint"]
+
+
+def test_forged_promotions_are_refused_while_serving_stays(setup, local_stack, tmp_path):
+    """Issue 48's forged promotion and its variants, each promoted while clients use the app: refused with a message
+    naming what is wrong, the alias back on v2, v2 answering every request. What serves is decided by eval runs of
+    the exact bytes (serve/gate.py) and the bytes' manifest (pipelines/weights_manifest.py), never by tags."""
+    from pipelines import mlflow_auth, weights_manifest
+    from pipelines.tiny_model import build_tiny_model
+    from serve.batch.tracking import record_figures
+
+    c = registry.client()
+    v2 = c.get_model_version(MODEL, "2")
+    untrained = build_tiny_model(tmp_path / "untrained", "tiny", seed=7)
+    refused = {}
+    with Load(setup["base_url"], clients=2) as load:
+        # 1. A version registered with v2's source and tags, its eval tag set to 0.99 and the checkpoint tag pointed
+        #    at an untrained model: no eval run of it exists, so the gate refuses (tags do not count).
+        forged = c.create_model_version(MODEL, source=v2.source, run_id=v2.run_id, tags={
+            **v2.tags, "eval.exact_match": "0.99", registry.TAG_CHECKPOINT_URI: str(untrained)})
+        # 2. A tag forged on a version that was evaluated below the gate (v4: 0.1).
+        registry.set_version_tags(MODEL, "4", {"eval.exact_match": "0.99"})
+        # 3. A version evaluated at 0.9, then a weight file changed in the registry's artifact store on disk.
+        with registry.start_run("rayline-tests", "tampered") as run:
+            tampered = registry.register_checkpoint(
+                MODEL, str(build_tiny_model(tmp_path / "v-tampered", "tiny", seed=3)), run_id=run.info.run_id)
+        record_figures(MODEL, tampered.version, {"exact_match": 0.9})
+        on_disk = local_stack.state / "mlflow" / "artifacts" / tampered.source.split("mlflow-artifacts:/", 1)[1]
+        weights = on_disk / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0x01
+        weights.write_bytes(bytes(data))
+        for version, what in ((forged.version, "forged"), ("4", "tag"), (tampered.version, "tampered")):
+            registry.set_alias(MODEL, "champion", version)
+            result = setup["rollout"].once(f"test:{what}")
+            refused[what] = result
+            assert result.status == REJECTED and alias_version() == "2", result.line()
+        # 4. A trainer's login may neither register a version of a model that serves nor move its alias: MLflow
+        #    refuses both at the door (pipelines/mlflow_auth.py: only promoters and the rollout write it).
+        mlflow_auth.provision(registry.tracking_uri(), local_stack.state, [MODEL])
+        saved = os.environ.get("RAYLINE_ROLE")
+        os.environ["RAYLINE_ROLE"] = "trainer"
+        try:
+            trainer = registry.client()
+            for attempt in (lambda: trainer.set_registered_model_alias(MODEL, "champion", "1"),
+                            lambda: trainer.create_model_version(MODEL, source=v2.source, run_id=v2.run_id)):
+                with pytest.raises(Exception, match="403|Permission denied|PERMISSION_DENIED"):
+                    attempt()
+        finally:
+            os.environ["RAYLINE_ROLE"] = saved or "admin"
+            registry.client()
+        time.sleep(1)
+    print("\n" + "\n".join(f"{what:9} {r.status}: {r.reason}" for what, r in refused.items()))
+    assert f"no finished eval run of {MODEL}/{forged.version} over its bytes" in refused["forged"].reason
+    assert "eval.exact_match=0.1 < 0.5" in refused["tag"].reason
+    assert "model.safetensors: changed since registration" in refused["tampered"].reason
+    assert weights_manifest.build(str(on_disk))["digest"] != tampered.tags[registry.TAG_WEIGHTS_DIGEST]
+    assert alias_version() == "2" and served_fingerprint(setup) == f"{MODEL}/2"
+    assert load.errors == [], load.errors[:5]
+    assert {fp for _, _, fp in load.results} == {f"{MODEL}/2"}
