@@ -64,10 +64,20 @@ class SecretRefs:
     """Secret with key HF_TOKEN (optional)."""
     openai_keys: str | None = "rayline-openai-keys"
     """Serving pods' Secret with key `keys.json`: the hashed OpenAI API keys the app accepts."""
+    openai_admin_key: str | None = "rayline-openai-admin-key"
+    """The rollout's Secret with key `admin_key`: the admin API key its smoke requests, canary probes and stats send
+    (serve/verify.py `admin_key`; its hash is an `admin` entry of `keys.json`). None: the rollout gets none and stops
+    before it deploys anything."""
+    mlflow_webhook: str | None = "rayline-mlflow-webhook"
+    """The rollout's Secret with key `secret`: the HMAC secret MLflow signs webhook deliveries with. Mounted only when
+    the rendered rollout config sets `webhook_port`."""
 
     def __post_init__(self):
         require(self.s3 is None or self.s3_read_only != self.s3, "s3_read_only",
                 f"must name a Secret other than s3 ({self.s3!r}): serving pods must not hold the jobs' write access")
+        require(self.openai_admin_key is None or self.openai_admin_key != self.openai_keys, "openai_admin_key",
+                f"must name a Secret other than openai_keys ({self.openai_keys!r}): serving pods mount that one and "
+                "must not hold the admin key")
 
 
 # Private and link-local IPv4 ranges: the cluster's pods and Services, and the cloud metadata endpoint (169.254.169.254).

@@ -5,8 +5,9 @@ autoscaler container KubeRay injects into an autoscaling head):
 - each container restricted with a read-only root filesystem, Ray's with writable /tmp and /tmp/ray
   (rayjobs/pod_security.py);
 - no service-account token unless the pod's role calls the Kubernetes API (`rayline.io/role`, rayjobs/roles.py);
-- no MLflow login in env, and a serving pod (role reader, or any RayService pod without a role) reads no Secret of
-  the jobs' read/write object-store credentials (rayjobs/credentials.py).
+- no MLflow login in env, a serving pod (role reader, or any RayService pod without a role) reads no Secret of
+  the jobs' read/write object-store credentials, and only the Ray pods of the rollout read the OpenAI endpoint's
+  admin key or the MLflow webhook secret (rayjobs/credentials.py).
 A ServiceAccount of a role that needs no token must not automount one; rayline's Namespace enforces Pod Security
 `restricted`; rayline's Secrets have the shape their pods mount (rayjobs/namespace.py). Inline secret values are
 preflight (d), rayjobs/leak_checks.py.
@@ -60,7 +61,7 @@ def check_hardening(doc: dict, profile: Profile | None = None) -> list[Problem]:
         kube_api = bool(role and role.kube_api)
         serving = (not role.store_write) if role else serving_kind
         check_pod(template.get("spec"), f"{path}.spec", kube_api, ray, add)
-        check_credentials(template.get("spec"), f"{path}.spec", serving, profile, add)
+        check_credentials(template.get("spec"), f"{path}.spec", serving, profile, add, role if ray else None)
     cluster, base = cluster_spec_of(doc)
     if cluster is not None and cluster.get("enableInTreeAutoscaling") is True:
         head_spec = ((cluster.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}

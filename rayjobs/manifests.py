@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import yaml
 
+from pipelines.config import require
 from pipelines.ray_env import SERVE_PROCESS_ENV
 from rayjobs.cluster_profile import RAY_VERSION, Profile
 from rayjobs.credentials import role_env, role_volumes
@@ -48,8 +49,8 @@ def k8s_name(text: str, limit: int = 47) -> str:
     return name[:limit].rstrip("-")
 
 
-def _env(profile: Profile, role: Role, extra: dict[str, str] | None = None) -> list[dict]:
-    return role_env(profile, role) + [{"name": k, "value": v} for k, v in (extra or {}).items()]
+def _env(profile: Profile, role: Role, extra: dict[str, str] | None = None, webhook: bool = False) -> list[dict]:
+    return role_env(profile, role, webhook) + [{"name": k, "value": v} for k, v in (extra or {}).items()]
 
 
 def _container(name: str, profile: Profile, cpu: str, memory: str, gpus: int, env: list[dict],
@@ -73,6 +74,7 @@ def _container(name: str, profile: Profile, cpu: str, memory: str, gpus: int, en
 # the port is named so a PodMonitor (rayjobs/monitoring.py) can select it.
 METRICS_PORT = ("metrics", 8080)
 SERVE_PORT, DASHBOARD_PORT = 8000, 8265
+WEBHOOK_PORT_NAME = "mlflow-webhook"  # the head's port the rollout's webhook receiver listens on, when it has one
 
 
 def _labels(role: Role, cluster: str, kube_api: bool = False) -> dict[str, str]:
@@ -81,11 +83,12 @@ def _labels(role: Role, cluster: str, kube_api: bool = False) -> dict[str, str]:
 
 
 def _pod(container: dict, profile: Profile, role: Role, cluster: str, gpu: bool = False,
-         accelerator_type: str | None = None, kube_api: bool = False, token_volume: bool = False) -> dict:
+         accelerator_type: str | None = None, kube_api: bool = False, token_volume: bool = False,
+         webhook: bool = False) -> dict:
     """A restricted pod (rayjobs/pod_security.py) with the role's credentials (rayjobs/credentials.py).
     `kube_api`: the Ray container calls the Kubernetes API (the rollout's driver); `token_volume`: only a sidecar
-    does (the autoscaler), through a projected token."""
-    volumes, mounts = role_volumes(profile, role)
+    does (the autoscaler), through a projected token; `webhook`: it takes MLflow webhook deliveries."""
+    volumes, mounts = role_volumes(profile, role, webhook)
     container = {**container, "volumeMounts": container["volumeMounts"] + mounts}
     spec = {
         "serviceAccountName": role.service_account,
@@ -103,15 +106,22 @@ def _pod(container: dict, profile: Profile, role: Role, cluster: str, gpu: bool 
 
 
 def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = None, serve: bool = False,
-                 role: Role | None = None, name: str = "rayline") -> dict:
+                 role: Role | None = None, name: str = "rayline", webhook_port: int = 0) -> dict:
     """A RayCluster spec for the manifest `name`: a head that carries no work (num-cpus 0) and one worker group
     sized by `shape`, every pod acting as `role` (default: serving for `serve`, else trainer). A serving
     cluster's pods also carry Serve's request-path settings (SERVE_PROCESS_ENV). With a `shape.min_workers` below
-    `shape.workers` the cluster autoscales (autoscaler v2) between the two, starting at the minimum."""
+    `shape.workers` the cluster autoscales (autoscaler v2) between the two, starting at the minimum.
+    `webhook_port`: the driver (on the head) takes MLflow webhook deliveries there; the pods mount their secret."""
     role = role or (SERVING if serve else ROLES["trainer"])
-    envs = _env(profile, role, {**SERVE_PROCESS_ENV, **(env or {})} if serve else env)
+    webhook = webhook_port > 0
+    envs = _env(profile, role, {**SERVE_PROCESS_ENV, **(env or {})} if serve else env, webhook)
     head_ports = [("gcs-server", 6379), ("dashboard", DASHBOARD_PORT), ("client", 10001), METRICS_PORT] + (
         [("serve", SERVE_PORT)] if serve else [])
+    if webhook:
+        require(webhook_port not in {port for _, port in head_ports}, "webhook_port",
+                f"{webhook_port} is a port Ray uses on the head ({', '.join(f'{n} {p}' for n, p in head_ports)}); "
+                "pick another")
+        head_ports.append((WEBHOOK_PORT_NAME, webhook_port))
     head = _container("ray-head", profile, profile.head.cpu, profile.head.memory, 0, envs, head_ports)
     if shape.gpu:
         cpu, memory, group = shape.cpus_per_worker or profile.gpu.cpu, profile.gpu.memory, "gpu-workers"
@@ -127,7 +137,7 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
         "minReplicas": min_workers,
         "maxReplicas": shape.workers,
         "rayStartParams": dict(metrics_params),
-        "template": _pod(worker, profile, role, name, shape.gpu, shape.accelerator_type),
+        "template": _pod(worker, profile, role, name, shape.gpu, shape.accelerator_type, webhook=webhook),
     }
     spec = {
         "rayVersion": RAY_VERSION,
@@ -137,7 +147,7 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
             "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", **metrics_params},
             # The rollout's driver runs on the head; an autoscaling head's autoscaler patches its RayCluster.
             "template": _pod(head, profile, role, name, kube_api=role.kube_api,
-                             token_volume=autoscaling and not role.kube_api),
+                             token_volume=autoscaling and not role.kube_api, webhook=webhook),
         },
         "workerGroupSpecs": [worker_group],
     }
@@ -178,13 +188,15 @@ def submitter_template(profile: Profile, role: Role, cluster: str) -> dict:
 
 
 def rayjob(name: str, stage: str, entrypoint: str, runtime_env: dict, shape: Shape, profile: Profile, role: Role,
-           annotations: dict[str, str] | None = None) -> dict:
-    """A RayJob that creates its own cluster, runs `entrypoint` as `role`, and deletes the cluster afterwards."""
+           annotations: dict[str, str] | None = None, webhook_port: int = 0) -> dict:
+    """A RayJob that creates its own cluster, runs `entrypoint` as `role`, and deletes the cluster afterwards;
+    `webhook_port`: its driver takes MLflow webhook deliveries on that port of the head."""
     meta = _metadata(name, profile, stage, annotations)
     spec = {
         "entrypoint": entrypoint,
         "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True),
-        "rayClusterSpec": cluster_spec(job_shape(shape, profile), profile, role=role, name=meta["name"]),
+        "rayClusterSpec": cluster_spec(job_shape(shape, profile), profile, role=role, name=meta["name"],
+                                       webhook_port=webhook_port),
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": profile.ttl_seconds_after_finished,
         "activeDeadlineSeconds": profile.active_deadline_seconds,

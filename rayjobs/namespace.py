@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rayjobs.cluster_profile import Profile
-from rayjobs.credentials import API_KEYS
+from rayjobs.credentials import ADMIN_KEY, API_KEYS, WEBHOOK_SECRET
 from rayjobs.roles import POD_LABELS, ROLE_LABEL, ROLES
 
 PSA_LEVEL = "restricted"
@@ -51,8 +51,8 @@ def check_service_account(doc: dict, add: Add) -> None:
 
 
 def check_secret(doc: dict, profile: Profile, add: Add) -> None:
-    """rayline's Secrets have the shape their pods mount: MLflow logins basic-auth, the API keys a keys.json.
-    Only key names are looked at, never values."""
+    """rayline's Secrets have the shape their pods mount: MLflow logins basic-auth, the others the one key each pod
+    reads (keys.json, admin_key, secret). Only key names are looked at, never values."""
     name, kind = (doc.get("metadata") or {}).get("name", ""), doc.get("type", "Opaque")
     keys = set(doc.get("data") or {}) | set(doc.get("stringData") or {})
     prefix = profile.secrets.mlflow_prefix
@@ -61,8 +61,11 @@ def check_secret(doc: dict, profile: Profile, add: Add) -> None:
             add("type", f"{name} is an MLflow login: its type must be kubernetes.io/basic-auth, got {kind!r}")
         if not {"username", "password"} <= keys:
             add("data", f"{name} must hold the keys username and password (has {sorted(keys)})")
-    if name == profile.secrets.openai_keys and API_KEYS not in keys:
-        add("data", f"{name} must hold the key {API_KEYS} (the hashed API keys; has {sorted(keys)})")
+    for secret, key, what in ((profile.secrets.openai_keys, API_KEYS, "the hashed API keys"),
+                              (profile.secrets.openai_admin_key, ADMIN_KEY, "the admin API key the rollout sends"),
+                              (profile.secrets.mlflow_webhook, WEBHOOK_SECRET, "MLflow's webhook signing secret")):
+        if secret and name == secret and key not in keys:
+            add("data", f"{name} must hold the key {key} ({what}; has {sorted(keys)})")
 
 
 def check_namespace_object(doc: Any, profile: Profile, add: Add) -> None:

@@ -11,7 +11,9 @@ and ports come from the profile's `network` section.
 
 Per Ray cluster (`cluster_policy`, written after its RayJob or RayService in the same file): the cluster's pods
 (and a RayJob's submitter pod) reach each other on every port, since Ray's workers listen on ports chosen at run
-time; pods of other clusters do not.
+time; pods of other clusters do not. A rollout whose head takes MLflow webhook deliveries (its config's
+`webhook_port`, the head's port `mlflow-webhook`) also gets `webhook_policy`: the MLflow server (`network.mlflow`)
+may reach that port of that head, nothing else of it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import ipaddress
 
 from rayjobs.cluster_profile import Peer, Profile
-from rayjobs.manifests import DASHBOARD_PORT, METRICS_PORT, SERVE_PORT
+from rayjobs.manifests import DASHBOARD_PORT, METRICS_PORT, SERVE_PORT, WEBHOOK_PORT_NAME
 from rayjobs.roles import CLUSTER_LABEL, KUBE_API_LABEL, POD_LABELS, ROLE_LABEL, ROLLOUT, SERVING, Role
 
 API = "networking.k8s.io/v1"
@@ -103,3 +105,20 @@ def cluster_policy(doc: dict, profile: Profile) -> dict:
 
     return _policy(f"{name}-ray-cluster", profile, _selector({CLUSTER_LABEL: name}),
                    ingress=[{"from": same()}], egress=[{"to": same()}])
+
+
+def webhook_port(doc: dict) -> int | None:
+    """The port the head of the RayJob `doc` takes MLflow webhook deliveries on (its port `mlflow-webhook`), if any."""
+    head = doc["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    return next((p["containerPort"] for p in head.get("ports", []) if p["name"] == WEBHOOK_PORT_NAME), None)
+
+
+def webhook_policy(doc: dict, profile: Profile) -> dict:
+    """The policy letting the MLflow server (`network.mlflow`) deliver webhooks to the head of the rollout RayJob
+    `doc`, on the port its head declares for them (the rendered rollout config's `webhook_port`)."""
+    name, port = doc["metadata"]["name"], webhook_port(doc)
+    if port is None:
+        raise ValueError(f"{name}: its head declares no {WEBHOOK_PORT_NAME!r} port (the rollout config's webhook_port)")
+    pods = _selector({**POD_LABELS, ROLE_LABEL: ROLLOUT.name, CLUSTER_LABEL: name, **HEAD})
+    return _policy(f"{name}-mlflow-webhook", profile, pods,
+                   ingress=[{"from": peers(profile.network.mlflow), "ports": _ports([port])}])

@@ -5,7 +5,8 @@
 
 The entrypoint, runtime env and role come from rayjobs/stages.py (the same as `pipelines.submit`), the
 cluster size from the stage config (`workload_shape`), the rest from the cluster profile. A stage's file holds
-its RayJob or RayService and, after it, the NetworkPolicy that lets that cluster's pods reach each other.
+its RayJob or RayService and, after it, the NetworkPolicy that lets that cluster's pods reach each other (and for
+a rollout with `webhook_port`, the one letting MLflow deliver webhooks to its head).
 `--shipped` also writes what the namespace needs once (`PLATFORM`): the Namespace (Pod Security restricted), the
 NetworkPolicies, a ServiceAccount per role and the rollout's Role. Every rendered document is validated offline
 (rayjobs/validate.py) before anything is written.
@@ -14,17 +15,19 @@ NetworkPolicies, a ServiceAccount per role and the rollout's Role. Every rendere
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 from pathlib import Path
 
 import yaml
 
-from pipelines.config import ConfigError, load_config
+from pipelines.config import ConfigError, load_config, require
 from rayjobs import stages
 from rayjobs.cluster_profile import Profile
+from rayjobs.credentials import ADMIN_KEY_FILE, WEBHOOK_SECRET_FILE
 from rayjobs.manifests import Shape, k8s_name, rayjob, rayservice
 from rayjobs.namespace import namespace, service_accounts
-from rayjobs.network_policy import cluster_policy, namespace_policies
+from rayjobs.network_policy import cluster_policy, namespace_policies, webhook_policy, webhook_port
 from rayjobs.roles import ROLLOUT, get_role
 
 DEFAULT_PROFILE = stages.PROJECT_ROOT / "configs" / "k8s" / "default.yaml"
@@ -96,13 +99,46 @@ def render(stage: str, config: str, profile: Profile, overrides: list[str] | Non
         return rayservice(name, render_serve_config(cfg), shape, profile, annotations)
     runtime_env = stages.job_runtime_env(profile.working_dir, record_commit=False)
     entry = stages.entrypoint(st, config, overrides)
-    return rayjob(name, stage, entry, runtime_env, shape, profile, get_role(st.role), annotations)
+    webhook = rollout_webhook_port(cfg, profile) if stage == "rollout" else 0
+    return rayjob(name, stage, entry, runtime_env, shape, profile, get_role(st.role), annotations, webhook)
+
+
+def rollout_webhook_port(cfg, profile: Profile) -> int:
+    """The port the rollout's head takes MLflow webhook deliveries on (0: none), once the rollout config `cfg` is
+    known to read the files its pods mount: the admin key and, with `webhook_port`, the webhook secret
+    (rayjobs/credentials.py). A path of its own in the config would win over the mounted file's env var and be
+    missing in the pod; a receiver on loopback would be unreachable for MLflow."""
+    from serve.rollout import load_serve_config
+
+    secrets = profile.secrets
+    if secrets.openai_admin_key:
+        admin = load_serve_config(cfg).auth.admin_key_file
+        require(admin in ("", ADMIN_KEY_FILE), "auth.admin_key_file",
+                f"{cfg.serve_config} names {admin}, but the rollout's pods mount the admin key (Secret "
+                f"{secrets.openai_admin_key}) at {ADMIN_KEY_FILE} (RAYLINE_ADMIN_KEY_FILE): leave it empty")
+    if not cfg.webhook_port:
+        return 0
+    require(bool(secrets.mlflow_webhook), "secrets.mlflow_webhook",
+            f"the rollout config sets webhook_port={cfg.webhook_port}, whose receiver does not start without the "
+            "secret MLflow signs deliveries with: name its Secret in the profile")
+    require(cfg.webhook_secret_file in ("", WEBHOOK_SECRET_FILE), "webhook_secret_file",
+            f"{cfg.webhook_secret_file}: the rollout's pods mount the webhook secret (Secret {secrets.mlflow_webhook}) "
+            f"at {WEBHOOK_SECRET_FILE} (RAYLINE_WEBHOOK_SECRET_FILE): leave it empty")
+    try:
+        loopback = cfg.webhook_host == "localhost" or ipaddress.ip_address(cfg.webhook_host).is_loopback
+    except ValueError:  # a host name: whatever it resolves to in the pod
+        loopback = False
+    require(not loopback, "webhook_host", f"{cfg.webhook_host} is the pod's loopback, which MLflow's deliveries "
+                                          "cannot reach: set webhook_host=0.0.0.0")
+    return cfg.webhook_port
 
 
 def render_documents(stage: str, config: str, profile: Profile, overrides: list[str] | None = None) -> list[dict]:
-    """The stage's manifest and, after it, the NetworkPolicy of the Ray cluster it creates."""
+    """The stage's manifest and, after it, the NetworkPolicy of the Ray cluster it creates (and for a rollout taking
+    MLflow webhooks, the one letting MLflow reach its head's webhook port)."""
     doc = render(stage, config, profile, overrides)
-    return [doc, cluster_policy(doc, profile)]
+    webhook = [webhook_policy(doc, profile)] if doc["kind"] == "RayJob" and webhook_port(doc) else []
+    return [doc, cluster_policy(doc, profile), *webhook]
 
 
 def validate_rendered(docs: list[dict], profile: Profile, crd_dir: Path | None = None) -> list:

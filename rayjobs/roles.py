@@ -27,13 +27,21 @@ class Role:
     """Its pods call the Kubernetes API and so mount a service-account token; every other pod goes without one."""
     store_write: bool = True
     """Jobs write datasets and checkpoints; serving pods only read the model they serve."""
+    admin_key: bool = False
+    """Its pods send rayline's own requests to the OpenAI endpoint (smoke requests, the canary's probes and stats) and
+    so mount the endpoint's admin key; no other pod may read it."""
+    webhook: bool = False
+    """Its pods may take MLflow webhook deliveries (the rollout's `--watch` with `webhook_port`) and so may mount the
+    secret MLflow signs them with."""
 
 
 ROLES = {r.name: r for r in (
     Role("trainer", "rayline-trainer"),
     Role("evaluator", "rayline-evaluator"),
-    # The only role bound to the Role that may patch the RayService (rayjobs/rollout_rbac.py).
-    Role("rollout", "rayline-rollout", kube_api=True),
+    # The only role bound to the Role that may patch the RayService (rayjobs/rollout_rbac.py), and the only one
+    # that talks to the app as its admin: the serving pods answer requests and send none (`pipelines.serve`'s smoke
+    # requests come from wherever it runs; on Kubernetes the RayService is deployed by KubeRay, not by it).
+    Role("rollout", "rayline-rollout", kube_api=True, admin_key=True, webhook=True),
     Role("reader", "rayline-serving", store_write=False),
 )}
 SERVING = ROLES["reader"]

@@ -7,12 +7,14 @@ policies add up) to pods labelled as the shipped manifests label them, plus the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 
 import pytest
 import yaml
 
 from rayjobs import render, stages
+from rayjobs.cluster_profile import Peer
 from rayjobs.validate import validate_manifest
 
 ROOT = stages.PROJECT_ROOT
@@ -60,10 +62,10 @@ def _peer_matches(peer: dict, who: dict) -> bool:
     return ns_ok and _selects(peer.get("podSelector", {}), who["labels"])
 
 
-def _direction_allows(target: dict, other: dict, port: int, protocol: str, kind: str) -> bool:
+def _direction_allows(target: dict, other: dict, port: int, protocol: str, kind: str, policies: list[dict]) -> bool:
     if target["ns"] != NS:
         return True  # only rayline's namespace is policed here
-    selecting = [p["spec"] for p in POLICIES if kind in p["spec"]["policyTypes"]
+    selecting = [p["spec"] for p in policies if kind in p["spec"]["policyTypes"]
                  and _selects(p["spec"]["podSelector"], target["labels"])]
     if not selecting:
         return True
@@ -75,9 +77,11 @@ def _direction_allows(target: dict, other: dict, port: int, protocol: str, kind:
                for r in rules)
 
 
-def allowed(src: dict, dst: dict, port: int, protocol: str = "TCP") -> bool:
-    return (_direction_allows(src, dst, port, protocol, "Egress")
-            and _direction_allows(dst, src, port, protocol, "Ingress"))
+def allowed(src: dict, dst: dict, port: int, protocol: str = "TCP", policies: list[dict] | None = None) -> bool:
+    """Whether the flow passes under `policies` (default: the shipped ones)."""
+    policies = POLICIES if policies is None else policies
+    return (_direction_allows(src, dst, port, protocol, "Egress", policies)
+            and _direction_allows(dst, src, port, protocol, "Ingress", policies))
 
 
 DNS = outside("kube-system", **{"k8s-app": "kube-dns"})
@@ -139,6 +143,40 @@ def test_only_pods_that_call_the_kubernetes_api_reach_it():
                                 ["autoscaling.min_replicas=1", "autoscaling.max_replicas=3"])
     head_labels = autoscaling["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["metadata"]["labels"]
     assert allowed({"ns": NS, "labels": head_labels}, API_SERVER, 443)  # its autoscaler patches the RayCluster
+
+
+def _webhook_rollout(profile) -> tuple[list[dict], dict, dict]:
+    """The rollout rendered to take MLflow webhooks on 8765: its policies with the namespace's, its head and worker."""
+    docs = render.render_documents("rollout", str(ROOT / "configs/rollout/tiny.yaml"), profile,
+                                   ["watch=true", "webhook_port=8765", "webhook_host=0.0.0.0"])
+    assert render.validate_rendered(docs, profile) == []
+    cluster = docs[0]["spec"]["rayClusterSpec"]
+    head, worker = (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"])
+    return (_docs("namespace/network-policies.yaml") + [d for d in docs if d["kind"] == "NetworkPolicy"],
+            {"ns": NS, "labels": {**head["metadata"]["labels"], "ray.io/node-type": "head"}},
+            {"ns": NS, "labels": {**worker["metadata"]["labels"], "ray.io/node-type": "worker"}})
+
+
+def test_mlflow_reaches_the_rollouts_webhook_port_only_when_its_config_takes_webhooks():
+    policies, head, worker = _webhook_rollout(render.load_profile(None))
+    assert allowed(MLFLOW, head, 8765, policies=policies)
+    assert not allowed(MLFLOW, head, 8766, policies=policies) and not allowed(MLFLOW, head, 8265, policies=policies)
+    assert not allowed(MLFLOW, worker, 8765, policies=policies)  # the receiver runs in the driver, on the head
+    assert not allowed(outside("default"), head, 8765, policies=policies)
+    assert not allowed(GATEWAY, head, 8765, policies=policies) and not allowed(PROMETHEUS, head, 8765, policies=policies)
+    shipped = pod("rollout-tiny.yaml")  # configs/rollout/tiny.yaml: webhook_port 0
+    assert not any(allowed(MLFLOW, shipped, port) for port in (8765, 8000, 8265))
+    assert not allowed(MLFLOW, pod("train-tiny.yaml"), 8765, policies=policies)
+
+
+def test_the_webhook_rule_takes_mlflow_from_the_profile_as_addresses_too():
+    profile = render.load_profile(None)
+    by_address = dataclasses.replace(profile, network=dataclasses.replace(
+        profile.network, mlflow=Peer(cidrs=["203.0.113.0/24"], ports=[5000])))
+    policies, head, _ = _webhook_rollout(by_address)
+    assert allowed(outside(None, ip="203.0.113.7"), head, 8765, policies=policies)
+    assert not allowed(outside(None, ip="198.51.100.7"), head, 8765, policies=policies)
+    assert not allowed(MLFLOW, head, 8765, policies=policies)  # the mlflow namespace's pods no longer count
 
 
 @pytest.mark.parametrize("edit, path", [
