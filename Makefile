@@ -1,5 +1,6 @@
-# rayline: `make demo` runs the main job on the embedded local stack; `make test` runs every test.
-# Both create .venv and install what is missing first, so they are the whole set-up on a fresh machine.
+# rayline: `make demo` runs the main job on the embedded local stack; `make test` runs every test; `make check` runs
+# lint and the unit tests in a few minutes, starting no stack. All create .venv and install what is missing first,
+# so they are the whole set-up on a fresh machine.
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -9,13 +10,22 @@ SWIFT_PKGS := swift swift-proxy swift-object swift-container swift-account memca
 SYSTEM_PKGS := $(SWIFT_PKGS) prometheus redis-server chromium
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test install system-deps stack-up stack-down bench lint clean-state
+.PHONY: demo test check lint install system-deps stack-up stack-down bench clean-state
 
 demo: install system-deps
 	$(PY) -m pipelines.demo
 
 test: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The fast tier: no test marked `stack` (tests/conftest.py marks each that starts the stack or a part of it) and none
+# marked `slow` (those start vLLM or Serve engines); each test gets at most CHECK_TIMEOUT seconds.
+CHECK_TIMEOUT ?= 120
+check: lint system-deps
+	$(PY) -m pytest -m "not stack and not slow" -x -q --timeout=$(CHECK_TIMEOUT) $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
 
 install: $(INSTALLED)
 

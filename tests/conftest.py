@@ -36,6 +36,21 @@ def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# Fixtures that start servers: the shared test stack (and so every fixture built on it: worker_nodes, ray_session,
+# served, ...) and the private stacks a few modules start on ports of their own.
+STACK_FIXTURES = {"local_stack", "mini_cfg", "gcs_stack", "autoscaling_stack"}
+# Tests that start stack parts in their own body, without one of those fixtures.
+STACK_TESTS = ("tests/pipelines/test_stack_secrets.py::test_the_gcs_redis_takes_only_the_stacks_certificate",)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `stack` every test that starts the stack or a part of it: one whose fixture closure holds a
+    STACK_FIXTURES name, or one of STACK_TESTS. `make check` deselects them (`-m "not stack"`)."""
+    for item in items:
+        if STACK_FIXTURES.intersection(item.fixturenames) or item.nodeid.startswith(STACK_TESTS):
+            item.add_marker(pytest.mark.stack)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI (`CI` set, as `.ci/run` runs) a skipped test is a failure: every part the suite needs (Swift, vLLM,
