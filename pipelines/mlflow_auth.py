@@ -68,6 +68,9 @@ def server_config(state: Path) -> dict[str, str]:
         f"admin_password = {admin_password}",
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
         "grant_default_workspace_access = false",
+        # Each request's password check is a PBKDF2 hash (~0.1 s on 2 cores): a rollout's few dozen registry calls
+        # paid seconds for it. A checked login is trusted for 5 minutes (one worker; the store changes only here).
+        "auth_cache_ttl_seconds = 300",
         "",
     ]))
     csrf_key = ensure_secret(credentials_dir(state) / "mlflow_flask_secret_key")

@@ -89,7 +89,8 @@ def run(models, prompts, tmp_path_factory):
 
     adapters = [ref for ref, _ in models[1].values()]
     out = tmp_path_factory.mktemp("lora-out")
-    (out / "gate.yaml").write_text(yaml.safe_dump({"gate": {"min_metrics": {"eval.exact_match": 0.5}}}))
+    (out / "gate.yaml").write_text(yaml.safe_dump({"gate": {"min_metrics": {"eval.exact_match": 0.5},
+                                                            "eval_experiment": "rayline-test-batch"}}))
     cfg = job(models, prompts, str(out / "r"), adapters, [models[2][0]])
     cfg.gate_config = str(out / "gate.yaml")
     init_ray()

@@ -141,7 +141,7 @@ def test_only_the_adapter_trains_is_checkpointed_and_exported(one_process_group,
         "run = lambda **kw: llm.generate({'prompt_token_ids': prompt}, sp, **kw)[0].outputs[0].token_ids\n"
         "print('TOKENS', json.dumps({'adapter': list(run(lora_request=LoRARequest('a', 1, adapter))), 'base': list(run())}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir), str(tmp_path / "export"),
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir), str(export),
                            json.dumps(prompt.tolist())], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TOKENS ")]
