@@ -14,8 +14,8 @@ So what serves and what is trained live in different registered models:
 | reader     | reads (serving replicas resolving versions and adapters)                                   |
 
 Everyone reads everything (`default_permission = READ`); no request is anonymous. A production model is created by
-the admin (here at `stack up`, for the names in the stack config; elsewhere `python -m pipelines.stack grant`), so
-no trainer can own one. Each role's login is a folder with `username` and `password`, 0600
+the admin (here at `stack up`, for the names in the stack config `production_models`), so
+no trainer can own one (add your own: `python -m pipelines.stack up production_models=[...]`). Each role's login is a folder with `username` and `password`, 0600
 (pipelines/secret_files.py), the shape of a Kubernetes basic-auth Secret mounted as a volume.
 """
 

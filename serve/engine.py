@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -293,8 +294,13 @@ def resolve_checkpoint(ref: str, cache_dir: str | Path | None = None) -> tuple[s
     else:
         uri = ref
     local = storage.local_copy(uri, cache)
-    return local, ModelInfo(ref=ref, uri=uri, name=name, version=version, alias=alias, tags=tags,
-                            digest=checked_digest(local, mv))
+    try:
+        digest = checked_digest(local, mv)
+    except ValueError:
+        if Path(local).resolve().is_relative_to(cache.resolve()):  # a copy we made: the next try fetches it again
+            shutil.rmtree(local, ignore_errors=True)
+        raise
+    return local, ModelInfo(ref=ref, uri=uri, name=name, version=version, alias=alias, tags=tags, digest=digest)
 
 
 def checked_digest(uri: str, mv=None) -> str:

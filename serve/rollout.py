@@ -125,6 +125,10 @@ class Rollout:
             log.info("rollout %s/%s (serving %s) triggered by %s", name, version, prev_version or "nothing", trigger)
             served, problems = self._gate(name, version, mv.tags)
             mlflow.log_metric("gate_s", time.time() - start)
+            # Provenance: the candidate a promoter copied in (only promoters and the rollout may write `name`; MLflow
+            # records no author of an alias) and the exact bytes the gate approved.
+            mlflow.set_tags({"rollout.promoted_from": mv.source.removeprefix("models:/") if mv.source.startswith(
+                "models:/") else f"{name}/{version}", "rollout.weights_digest": (served.digest if served else "") or ""})
             if problems:
                 rec.record_rejected(name, version, problems, trigger, run_id)
                 alias_note = self._restore_alias(name, prev_version)

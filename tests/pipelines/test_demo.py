@@ -66,6 +66,10 @@ def test_lineage_joins_dataset_run_model_version_and_deployment(demo):
         assert float(train_run.data.params[key]) == pytest.approx(float(value))
 
     assert mv.tags[rollout_record.TAG_STATUS] == rollout_record.STATUS_DEPLOYED and mv.tags[rollout_record.TAG_DEPLOYED_AT]
+    # The rollout run names the candidate the promoter copied in and the exact bytes its gate approved.
+    rollout_run = client.get_run(mv.tags[rollout_record.TAG_RUN_ID])
+    assert rollout_run.data.tags["rollout.promoted_from"] == f"{cfg.model_name}-candidates/{result.candidate_version}"
+    assert rollout_run.data.tags["rollout.weights_digest"] == mv.tags[registry.TAG_WEIGHTS_DIGEST]
     assert registry.get_alias(cfg.model_name, registry.DEFAULT_ALIAS).version == result.model_version
     assert float(mv.tags["eval.exact_match"]) == pytest.approx(result.exact_match["fine-tuned"])
     # Promotion evidence on the version's page: the eval report against its base (no champion before it) on the same

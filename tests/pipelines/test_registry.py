@@ -127,3 +127,7 @@ def test_bytes_changed_after_registration_are_refused_by_name(local_stack, tiny_
     weights.write_bytes(bytes(data))
     with pytest.raises(ManifestMismatch, match=r"model.safetensors: changed since registration"):
         resolve_checkpoint(f"models:/{model_name}/{mv.version}", tmp_path / "cache")
+    # The bad copy is gone with the refusal: the next resolve fetches the registered bytes again, and they pass.
+    assert not Path(path).exists()
+    assert resolve_checkpoint(f"models:/{model_name}/{mv.version}", tmp_path / "cache")[1].digest == \
+        mv.tags[registry.TAG_WEIGHTS_DIGEST]
