@@ -13,6 +13,7 @@ import yaml
 from pipelines.config import ConfigError
 from pipelines.validate import main as validate_cli
 from rayjobs import render, stages
+from tests.rayjobs.shipped_pods import pods, shipped
 from rayjobs.cluster_profile import Profile
 from rayjobs.credentials import MLFLOW_DIR, OPENAI_DIR
 from rayjobs.roles import ROLES, get_role
@@ -27,16 +28,6 @@ def profile():
     return render.load_profile(None)
 
 
-def _shipped(fname: str) -> dict:
-    return next(yaml.safe_load_all((ROOT / "rayjobs" / fname).read_text()))
-
-
-def _pods(doc: dict) -> list[tuple[str, dict]]:
-    """(name, pod template) of every pod the manifest creates."""
-    cluster = doc["spec"].get("rayClusterSpec") or doc["spec"]["rayClusterConfig"]
-    pods = [("head", cluster["headGroupSpec"]["template"])]
-    pods += [(g["groupName"], g["template"]) for g in cluster["workerGroupSpecs"]]
-    return pods + ([("submitter", doc["spec"]["submitterPodTemplate"])] if "submitterPodTemplate" in doc["spec"] else [])
 
 
 def _env(container: dict) -> dict[str, dict]:
@@ -49,7 +40,7 @@ def _secret_refs(container: dict) -> set[str]:
 
 @pytest.mark.parametrize("fname", sorted(render.SHIPPED))
 def test_every_shipped_pod_is_restricted_with_writable_dirs_only_where_ray_writes(fname):
-    for name, pod in _pods(_shipped(fname)):
+    for name, pod in pods(shipped(fname)):
         spec = pod["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0, name
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
@@ -68,7 +59,7 @@ def test_each_stage_runs_as_its_role_with_a_token_only_where_the_kubernetes_api_
     assert role.service_account == {"data": "rayline-trainer", "train": "rayline-trainer", "tune": "rayline-trainer",
                                     "batch_infer": "rayline-evaluator", "rollout": "rayline-rollout",
                                     "serve": "rayline-serving"}[stage]
-    for name, pod in _pods(_shipped(fname)):
+    for name, pod in pods(shipped(fname)):
         assert pod["spec"]["serviceAccountName"] == role.service_account
         # The rollout's driver runs on its head and patches the RayService; nothing else talks to the API server.
         assert pod["spec"]["automountServiceAccountToken"] is (stage == "rollout" and name == "head"), (fname, name)
@@ -87,7 +78,7 @@ def test_service_accounts_one_per_role_and_only_the_rollouts_hands_out_tokens():
 def test_credentials_per_role_files_not_env_and_serving_reads_only(fname, profile):
     stage = render.SHIPPED[fname][0]
     role = get_role(stages.get_stage(stage).role)
-    for name, pod in _pods(_shipped(fname)):
+    for name, pod in pods(shipped(fname)):
         if name == "submitter":  # runs `ray job submit` only: KubeRay gives it the Ray token, nothing else
             assert all(not _secret_refs(c) for c in pod["spec"]["containers"])
             assert not any("secret" in v for v in pod["spec"]["volumes"])
@@ -114,7 +105,7 @@ def test_images_by_digest_when_the_profile_gives_one(profile):
     digest = "sha256:" + "ab" * 32
     pinned = dataclasses.replace(profile, image_digest=digest)
     doc = render.render("train", str(ROOT / "configs/train/tiny.yaml"), pinned)
-    images = {c["image"] for _, pod in _pods(doc) for c in pod["spec"]["containers"]}
+    images = {c["image"] for _, pod in pods(doc) for c in pod["spec"]["containers"]}
     assert images == {f"{profile.image}@{digest}"}
     assert validate_manifest(doc, project_root=ROOT) == []
     with pytest.raises(ConfigError, match=r"image_digest: must be sha256:<64 lowercase hex digits>, got 'sha256:abc'"):
@@ -219,7 +210,7 @@ def _ray_tmp(doc):
 ], ids=["read-only-root", "privilege-escalation", "capabilities", "submitter", "pod-security-context",
         "token-automount", "ray-tmp", "serving-rw-store", "mlflow-env", "literal-secret"])
 def test_a_render_with_one_hardening_item_removed_fails_at_that_field(fname, edit, tmp_path, capsys):
-    doc = copy.deepcopy(_shipped(fname))
+    doc = copy.deepcopy(shipped(fname))
     path, message = edit(doc)
     problems = [p for p in validate_manifest(doc, project_root=ROOT) if p.layer == "preflight"]
     assert any(p.path.startswith(path) and message in p.message for p in problems), problems

@@ -14,6 +14,7 @@ import yaml
 from pipelines.config import ConfigError, load_config
 from pipelines.validate import main as validate_cli
 from rayjobs import render, stages
+from tests.rayjobs.shipped_pods import pods, shipped
 from rayjobs.cluster_profile import Profile
 from rayjobs.credentials import ADMIN_KEY_FILE, WEBHOOK_SECRET_FILE
 from rayjobs.validate import validate_manifest
@@ -35,15 +36,6 @@ def profile():
     return render.load_profile(None)
 
 
-def _shipped(fname: str) -> dict:
-    return next(yaml.safe_load_all((ROOT / "rayjobs" / fname).read_text()))
-
-
-def _pods(doc: dict) -> list[tuple[str, dict]]:
-    cluster = doc["spec"].get("rayClusterSpec") or doc["spec"]["rayClusterConfig"]
-    pods = [("head", cluster["headGroupSpec"]["template"])]
-    pods += [(g["groupName"], g["template"]) for g in cluster["workerGroupSpecs"]]
-    return pods + ([("submitter", doc["spec"]["submitterPodTemplate"])] if "submitterPodTemplate" in doc["spec"] else [])
 
 
 def _secrets_mounted(pod: dict) -> set[str]:
@@ -68,7 +60,7 @@ def _kubelet(pod: dict, root: Path) -> dict[str, str]:
 @pytest.mark.parametrize("fname", sorted(render.SHIPPED))
 def test_only_the_rollouts_ray_pods_mount_the_admin_key_and_none_the_webhook_secret_by_default(fname):
     rollout = render.SHIPPED[fname][0] == "rollout"
-    for name, pod in _pods(_shipped(fname)):
+    for name, pod in pods(shipped(fname)):
         mounted = _secrets_mounted(pod)
         assert (ADMIN in mounted) is (rollout and name != "submitter"), (fname, name)
         assert HOOK not in mounted, (fname, name)  # configs/rollout/tiny.yaml takes no webhooks (webhook_port: 0)
@@ -81,7 +73,7 @@ def test_the_rollout_reads_its_admin_key_where_the_pod_mounts_it(tmp_path, monke
     cfg = load_config(RolloutConfig, ROLLOUT)
     serve_cfg = load_serve_config(cfg)
     assert serve_cfg.auth.admin_key_file == ""  # else the config's path would win over the mounted file's env var
-    head = _pods(_shipped("rollout-tiny.yaml"))[0][1]
+    head = pods(shipped("rollout-tiny.yaml"))[0][1]
     (container,) = head["spec"]["containers"]
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/var/run/secrets/rayline/openai-admin")
     assert mount["readOnly"] is True
@@ -97,12 +89,12 @@ def test_a_rollout_with_webhook_port_mounts_the_webhook_secret_and_reads_it(tmp_
     docs = render.render_documents("rollout", ROLLOUT, profile, WEBHOOK)
     assert render.validate_rendered(docs, profile) == []
     assert [d["kind"] for d in docs] == ["RayJob", "NetworkPolicy", "NetworkPolicy"]
-    pods = dict(_pods(docs[0]))
-    assert all(HOOK in _secrets_mounted(pods[n]) for n in ("head", "cpu-workers"))
-    assert HOOK not in _secrets_mounted(pods["submitter"])
-    head = pods["head"]["spec"]["containers"][0]
+    by_name = dict(pods(docs[0]))
+    assert all(HOOK in _secrets_mounted(by_name[n]) for n in ("head", "cpu-workers"))
+    assert HOOK not in _secrets_mounted(by_name["submitter"])
+    head = by_name["head"]["spec"]["containers"][0]
     assert {"name": "mlflow-webhook", "containerPort": 8765} in head["ports"]
-    env = _kubelet(pods["head"], tmp_path)
+    env = _kubelet(by_name["head"], tmp_path)
     assert env["RAYLINE_WEBHOOK_SECRET_FILE"] == f"{tmp_path}{WEBHOOK_SECRET_FILE}"
     monkeypatch.setenv("RAYLINE_WEBHOOK_SECRET_FILE", env["RAYLINE_WEBHOOK_SECRET_FILE"])
     assert load_config(RolloutConfig, ROLLOUT, WEBHOOK).webhook_secret() == "hook-secret-1"  # what the receiver checks
@@ -159,7 +151,7 @@ def _env_ref(doc):
     ("batch-eval-tiny.yaml", _mount(HEAD, HOOK, "secret"), HOOK),
 ], ids=["serving-pod-admin-key", "trainer-env-admin-key", "rollout-submitter-admin-key", "evaluator-webhook-secret"])
 def test_a_render_giving_the_rollouts_secrets_to_another_pod_fails_at_that_field(fname, edit, secret, tmp_path, capsys):
-    doc = copy.deepcopy(_shipped(fname))
+    doc = copy.deepcopy(shipped(fname))
     assert validate_manifest(doc, project_root=ROOT) == []
     path = edit(doc)
     problems = [p for p in validate_manifest(doc, project_root=ROOT) if p.layer == "preflight"]

@@ -1,0 +1,22 @@
+"""The shipped manifests and the pods each one creates, as the rayjobs tests read them."""
+
+from __future__ import annotations
+
+import yaml
+
+from rayjobs import stages
+
+ROOT = stages.PROJECT_ROOT
+
+
+def shipped(fname: str) -> dict:
+    """The first document (the RayJob or RayService) of a shipped manifest under rayjobs/."""
+    return next(yaml.safe_load_all((ROOT / "rayjobs" / fname).read_text()))
+
+
+def pods(doc: dict) -> list[tuple[str, dict]]:
+    """(name, pod template) of every pod the manifest creates: head, worker groups, and a RayJob's submitter."""
+    cluster = doc["spec"].get("rayClusterSpec") or doc["spec"]["rayClusterConfig"]
+    out = [("head", cluster["headGroupSpec"]["template"])]
+    out += [(g["groupName"], g["template"]) for g in cluster["workerGroupSpecs"]]
+    return out + ([("submitter", doc["spec"]["submitterPodTemplate"])] if "submitterPodTemplate" in doc["spec"] else [])
