@@ -29,6 +29,10 @@ ROLES = ("admin", "trainer", "evaluator", "promoter", "rollout", "reader")
 ADMIN = "admin"
 EVAL_EXPERIMENT = "rayline-eval"
 ROLLOUT_EXPERIMENT = "rayline-rollout"
+# The stages' default experiments and the role that writes each. Made by the admin at `up`, so whoever ran a stage
+# first (the stack's own user, as admin) does not own one that the stage's role must write.
+STAGE_EXPERIMENTS = {"rayline-data": "trainer", "rayline-train": "trainer", "rayline-tune": "trainer",
+                     EVAL_EXPERIMENT: "evaluator", ROLLOUT_EXPERIMENT: "rollout"}
 CANDIDATES_SUFFIX = "-candidates"
 
 
@@ -93,9 +97,9 @@ def _auth_client(tracking_uri: str, login: tuple[str, str]):
 
 
 def provision(tracking_uri: str, state: Path, production_models: list[str]) -> None:
-    """As the admin: the role users, the evidence and rollout experiments, and each production model with its
-    promoters and the rollout identity as the only writers (a candidate model beside it for its trainers). Safe to
-    run again: what exists is kept, grants are set again."""
+    """As the admin: the role users, the stages' experiments (the evaluator alone writes the evidence), and each
+    production model with its promoters and the rollout identity as the only writers (a candidate model beside it
+    for its trainers). Safe to run again: what exists is kept, grants are set again."""
     import os
 
     from mlflow import MlflowClient
@@ -124,7 +128,7 @@ def provision(tracking_uri: str, state: Path, production_models: list[str]) -> N
                 auth.revoke_user_permission(logins[user][0], kind, name)
                 auth.grant_user_permission(logins[user][0], kind, name, permission)
 
-        for experiment, writer in ((EVAL_EXPERIMENT, "evaluator"), (ROLLOUT_EXPERIMENT, "rollout")):
+        for experiment, writer in STAGE_EXPERIMENTS.items():
             exp = client.get_experiment_by_name(experiment)
             exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
             grant(writer, "experiment", exp_id, "EDIT")

@@ -28,6 +28,9 @@ class Stage:
     role: str = "trainer"
     """Who its pods act as (rayjobs/roles.py): their ServiceAccount, MLflow login and object-store access."""
     kind: str = "RayJob"
+    submit_role: str = ""
+    """Who a Jobs API submission of the entry point acts as, when not `role`: `pipelines.serve` deploys the app and
+    records the deployment on the version (the rollout's rights), while the RayService's pods only read."""
 
 
 STAGES = {
@@ -38,7 +41,8 @@ STAGES = {
         Stage("tune", "pipelines.tune", "train.tune_config:TuneConfig"),
         Stage("batch_infer", "pipelines.batch_infer", "serve.batch.config:Config", role="evaluator"),
         Stage("rollout", "pipelines.rollout", "serve.rollout_config:Config", role="rollout"),
-        Stage("serve", "pipelines.serve", "serve.serve_config:Config", role="reader", kind="RayService"),
+        Stage("serve", "pipelines.serve", "serve.serve_config:Config", role="reader", kind="RayService",
+              submit_role="rollout"),
     )
 }
 
@@ -130,4 +134,4 @@ def submission_env(stage: Stage, explicit: dict[str, str] | None = None) -> dict
     """The env_vars of a laptop submission of `stage`: its role (as its rendered pods carry it), the caller's
     forwarded pointers, then `explicit` (`--env NAME=VALUE`); a secret among `explicit` raises SecretInRuntimeEnv."""
     refuse_secrets(explicit or {})
-    return {"RAYLINE_ROLE": stage.role, **forwarded_env(), **(explicit or {})}
+    return {"RAYLINE_ROLE": stage.submit_role or stage.role, **forwarded_env(), **(explicit or {})}

@@ -348,9 +348,11 @@ class Rollout:
                 try:
                     register_webhook(cfg.webhook_url or receiver.url, self.name, secret)
                 except Exception as e:  # the watch still polls; say what MLflow needs
-                    log.warning("could not register the MLflow webhook (%s); the MLflow server needs "
-                                "MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true "
-                                "to call a loopback URL; polling every %ss", e, cfg.poll_interval_s)
+                    log.warning("could not register the MLflow webhook (%s); MLflow lets only its admins manage "
+                                "webhooks (register it once with RAYLINE_ROLE=admin, then watch as the rollout with "
+                                "register_webhook: false), and to call a loopback URL its server needs "
+                                "MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true; "
+                                "polling every %ss", e, cfg.poll_interval_s)
         attempts: list[RolloutResult] = []
         try:
             while not stop.is_set():

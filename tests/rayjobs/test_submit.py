@@ -113,6 +113,7 @@ def test_forwarded_env_carries_pointers_only(monkeypatch):
     assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000" and env["RAYLINE_ROLE"] == "trainer"
     assert not (set(SECRETS) | {"AWS_ACCESS_KEY_ID"}) & set(env)
     assert stages.submission_env(stages.get_stage("rollout"))["RAYLINE_ROLE"] == "rollout"
+    assert stages.submission_env(stages.get_stage("serve"))["RAYLINE_ROLE"] == "rollout"  # it deploys and records
     assert stages.submission_env(stages.get_stage("data"), {"RAYLINE_ROLE": "evaluator"})["RAYLINE_ROLE"] == "evaluator"
 
 
