@@ -53,10 +53,12 @@ def test_a_job_that_outlives_its_timeout_is_stopped(local_stack, sample_corpus_d
 
 
 def test_raw_ray_job_submit_from_readme(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path, log_growing_in_checkout):
-    """`ray job submit --working-dir .` with a log growing in the root: .rayignore leaves it behind."""
+    """`ray job submit --working-dir .` as the README writes it (the stage's MLflow role in the runtime env), with a
+    log growing in the root: .rayignore leaves it behind."""
     out = tmp_path / "prepared-raw"
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    cmd = [ray, "job", "submit", "--working-dir", ".", "--", "python", "-m", "pipelines.prepare_data",
+    cmd = [ray, "job", "submit", "--working-dir", ".", "--runtime-env-json", '{"env_vars": {"RAYLINE_ROLE": "trainer"}}',
+           "--", "python", "-m", "pipelines.prepare_data",
            "--config", "configs/data/sample.yaml", *_data_overrides(sample_corpus_dir, tiny_model_dir, out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -83,18 +83,19 @@ def test_trials_asha_stopped_close_killed_and_failed_trials_stay_failed(ray_sess
     exp = client.get_experiment_by_name(cfg.experiment)
     exp_id = exp.experiment_id if exp else client.create_experiment(cfg.experiment)
     parent = client.create_run(exp_id, run_name=cfg.search_name).info.run_id
-    tracking, metric = registry.tracking_uri(), cfg.metric
+    metric = cfg.metric
     endings = ["finishes", "stopped", "stopped-after-closing-failed", "raises"]
     first_metric = {"finishes": 1.0, "stopped": 5.0, "stopped-after-closing-failed": 6.0, "raises": 0.5}
 
     def trial(config):  # runs in a Tune trial actor
         import time
 
-        from mlflow.tracking import MlflowClient
         from ray import tune
 
+        from pipelines import registry as trial_registry
+
         ending = config["ending"]
-        client = MlflowClient(tracking)
+        client = trial_registry.client()  # logs in as the driver's role, as the train stage's trials do
         tags = {TAG_TUNE_PARENT: parent, TAG_TUNE_TRIAL: tune.get_context().get_trial_id()}
         run_id = client.create_run(exp_id, run_name=f"trial-{ending}", tags=tags).info.run_id
         if ending == "stopped-after-closing-failed":
