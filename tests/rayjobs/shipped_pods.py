@@ -20,3 +20,16 @@ def pods(doc: dict) -> list[tuple[str, dict]]:
     out = [("head", cluster["headGroupSpec"]["template"])]
     out += [(g["groupName"], g["template"]) for g in cluster["workerGroupSpecs"]]
     return out + ([("submitter", doc["spec"]["submitterPodTemplate"])] if "submitterPodTemplate" in doc["spec"] else [])
+
+
+HEAD = "spec.rayClusterSpec.headGroupSpec.template.spec"
+WORKER = "spec.rayClusterSpec.workerGroupSpecs[0].template.spec"
+SERVE_WORKER = "spec.rayClusterConfig.workerGroupSpecs[0].template.spec"
+
+
+def at(doc: dict, path: str):
+    """The node at a dotted path with [i] indexes (`spec.workerGroupSpecs[0].template`) in a manifest."""
+    node = doc
+    for part in path.replace("]", "").replace("[", ".").split("."):
+        node = node[int(part)] if part.isdigit() else node[part]
+    return node

@@ -13,7 +13,7 @@ import yaml
 from pipelines.config import ConfigError
 from pipelines.validate import main as validate_cli
 from rayjobs import render, stages
-from tests.rayjobs.shipped_pods import pods, shipped
+from tests.rayjobs.shipped_pods import HEAD, WORKER, SERVE_WORKER, at, pods, shipped
 from rayjobs.cluster_profile import Profile
 from rayjobs.credentials import MLFLOW_DIR, OPENAI_DIR
 from rayjobs.roles import ROLES, get_role
@@ -148,36 +148,26 @@ def test_a_profile_that_would_weaken_or_break_the_renders_is_named(override, fie
         render.load_config(Profile, render.DEFAULT_PROFILE, [override])
 
 
-HEAD = "spec.rayClusterSpec.headGroupSpec.template.spec"
-WORKER = "spec.rayClusterSpec.workerGroupSpecs[0].template.spec"
-SERVE_WORKER = "spec.rayClusterConfig.workerGroupSpecs[0].template.spec"
-
-
-def _at(doc: dict, path: str):
-    node = doc
-    for part in path.replace("]", "").replace("[", ".").split("."):
-        node = node[int(part)] if part.isdigit() else node[part]
-    return node
 
 
 def _env_index(doc: dict, pod: str, name: str) -> int:
-    return next(i for i, e in enumerate(_at(doc, f"{pod}.containers[0].env")) if e["name"] == name)
+    return next(i for i, e in enumerate(at(doc, f"{pod}.containers[0].env")) if e["name"] == name)
 
 
 def _serve_rw(doc):
     i = _env_index(doc, SERVE_WORKER, "AWS_SECRET_ACCESS_KEY")
-    _at(doc, f"{SERVE_WORKER}.containers[0].env")[i]["valueFrom"]["secretKeyRef"]["name"] = "rayline-s3"
+    at(doc, f"{SERVE_WORKER}.containers[0].env")[i]["valueFrom"]["secretKeyRef"]["name"] = "rayline-s3"
     return f"{SERVE_WORKER}.containers[0].env[{i}].valueFrom.secretKeyRef.name", "read/write object-store"
 
 
 def _mlflow_env(doc):
-    env = _at(doc, f"{HEAD}.containers[0].env")
+    env = at(doc, f"{HEAD}.containers[0].env")
     env.append({"name": "MLFLOW_TRACKING_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "rayline-mlflow", "key": "p"}}})
     return f"{HEAD}.containers[0].env[{len(env) - 1}]", "MLflow logins are files"
 
 
 def _literal_secret(doc):
-    env = _at(doc, f"{WORKER}.containers[0].env")
+    env = at(doc, f"{WORKER}.containers[0].env")
     env.append({"name": "HF_TOKEN", "value": "hf_not_a_real_token"})
     return f"{WORKER}.containers[0].env[{len(env) - 1}].value", "use valueFrom.secretKeyRef"
 
@@ -185,13 +175,13 @@ def _literal_secret(doc):
 def _drop(path: str, message: str):
     def edit(doc):
         parent, key = path.rsplit(".", 1)
-        del _at(doc, parent)[key]
+        del at(doc, parent)[key]
         return path if "securityContext" in path or "automount" in path else parent, message
     return edit
 
 
 def _ray_tmp(doc):
-    mounts = _at(doc, f"{WORKER}.containers[0].volumeMounts")
+    mounts = at(doc, f"{WORKER}.containers[0].volumeMounts")
     mounts[:] = [m for m in mounts if m["mountPath"] != "/tmp/ray"]
     return f"{WORKER}.containers[0].volumeMounts", "no writable /tmp/ray"
 

@@ -14,7 +14,7 @@ import yaml
 from pipelines.config import ConfigError, load_config
 from pipelines.validate import main as validate_cli
 from rayjobs import render, stages
-from tests.rayjobs.shipped_pods import pods, shipped
+from tests.rayjobs.shipped_pods import HEAD, SERVE_WORKER, at, pods, shipped
 from rayjobs.cluster_profile import Profile
 from rayjobs.credentials import ADMIN_KEY_FILE, WEBHOOK_SECRET_FILE
 from rayjobs.validate import validate_manifest
@@ -116,21 +116,12 @@ def test_a_profile_cannot_put_the_admin_key_where_serving_pods_read():
         load_config(Profile, render.DEFAULT_PROFILE, ["secrets.openai_admin_key=rayline-openai-keys"])
 
 
-HEAD = "spec.rayClusterSpec.headGroupSpec.template.spec"
-SERVE_WORKER = "spec.rayClusterConfig.workerGroupSpecs[0].template.spec"
-
-
-def _at(doc: dict, path: str):
-    node = doc
-    for part in path.replace("]", "").replace("[", ".").split("."):
-        node = node[int(part)] if part.isdigit() else node[part]
-    return node
 
 
 def _mount(pod: str, secret: str, key: str):
     """An edit giving the pod at `pod` a Secret volume of `secret` (and its Ray container the mount)."""
     def edit(doc):
-        spec = _at(doc, pod)
+        spec = at(doc, pod)
         spec["volumes"].append({"name": "stolen", "secret": {"secretName": secret, "items": [{"key": key, "path": key}]}})
         for c in spec["containers"]:
             c.setdefault("volumeMounts", []).append({"name": "stolen", "mountPath": "/var/run/stolen", "readOnly": True})
@@ -139,7 +130,7 @@ def _mount(pod: str, secret: str, key: str):
 
 
 def _env_ref(doc):
-    env = _at(doc, f"{HEAD}.containers[0].env")
+    env = at(doc, f"{HEAD}.containers[0].env")
     env.append({"name": "RAYLINE_ADMIN_KEY", "valueFrom": {"secretKeyRef": {"name": ADMIN, "key": "admin_key"}}})
     return f"{HEAD}.containers[0].env[{len(env) - 1}].valueFrom.secretKeyRef.name"
 
