@@ -6,15 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.pipelines.conftest_plugin import conftest_plugin
+
 ROOT = Path(__file__).resolve().parents[2]
 
-PLUGIN = f'''
-import importlib.util
-spec = importlib.util.spec_from_file_location("rayline_tests_conftest", {str(ROOT / "tests/conftest.py")!r})
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-pytest_collection_modifyitems = module.pytest_collection_modifyitems
-'''
+PLUGIN = conftest_plugin("pytest_collection_modifyitems")
 
 # Stand-ins named as the real fixtures: if a `not stack` run ever set one up, its test fails.
 TESTS = '''

@@ -5,15 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.pipelines.conftest_plugin import conftest_plugin
+
 ROOT = Path(__file__).resolve().parents[2]
 
-PLUGIN = f'''
-import importlib.util
-spec = importlib.util.spec_from_file_location("rayline_tests_conftest", {str(ROOT / "tests/conftest.py")!r})
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-pytest_runtest_makereport = module.pytest_runtest_makereport
-'''
+PLUGIN = conftest_plugin("pytest_runtest_makereport")
 
 TESTS = '''
 import pytest
