@@ -13,7 +13,7 @@ round, (a) on 8 prompts). Parts:
       its longest request and only each request's own tokens count; the first --hf-prompts prompts), with the
       engine's compute threads (one).
   (b) vllm: plain vLLM laid out as rayline's engine: vLLM's AsyncLLMEngine as Ray's stage runs it (EngineCore
-      in a process of its own, forked), rayline's engine environment and engine kwargs (serve/engine.py
+      in a process of its own, forked), rayline's engine environment and engine kwargs (serve/online/engine.py
       runtime_env, vllm_engine_kwargs), the niceness Ray gives its workers (15), requests for the final output
       only, prompts templated and tokenized as rayline's validator does them, answers written as Parquet.
   (c) rayline: `serve.batch.pipeline.main`, prompts from JSONL to Parquet, on a 2-CPU Ray of its own started
@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from bench.batch_figures import pool, report  # noqa: E402
 from bench.equal_terms import busy_threads, process_tree, round_order, thread_times  # noqa: E402
 
-ENGINE = {  # serve.engine.EngineConfig fields, shared by (b) and (c)
+ENGINE = {  # serve.online.engine.EngineConfig fields, shared by (b) and (c)
     # float32: the checkpoint's own dtype, on both sides. Which dtype is faster is the CPU's: one thread's GEMM at
     # 128 x 512 x 1408 ran 72.7 GFLOP/s in float32 against 8.0 in bfloat16 on the AVX2-only CPU of 2026-12-01, and
     # 93-98 against 210 on the AVX-512 BF16 CPU of 2026-12-06.
@@ -72,8 +72,8 @@ ONCE = {"hf", "vllm-defaults"}  # context figures, run in the first round only: 
 
 def workload(work: Path, n: int, seed: int = 0) -> dict:
     """The small model, n chat prompts (sample-corpus questions) and their exact output lengths."""
-    from pipelines.sample_corpus import make_records
-    from pipelines.tiny_model import build_tiny_model
+    from stack.sample_corpus import make_records
+    from stack.tiny_model import build_tiny_model
 
     model = work / "small-model"
     if not (model / "config.json").exists():
@@ -96,9 +96,9 @@ def prompt_rows(w: dict) -> list[dict]:
 
 
 def engine_env() -> dict[str, str]:
-    """rayline's engine environment for ENGINE (serve/engine.py runtime_env), as the engine actor gets it."""
-    from pipelines.config import from_dict
-    from serve import engine as eng
+    """rayline's engine environment for ENGINE (serve/online/engine.py runtime_env), as the engine actor gets it."""
+    from core.config import from_dict
+    from serve.online import engine as eng
 
     return eng.runtime_env(from_dict(eng.EngineConfig, {"model": "m", **ENGINE})).get("env_vars", {})
 
@@ -171,8 +171,8 @@ def part_vllm(w: dict, work: Path) -> dict:
     from vllm import AsyncEngineArgs, AsyncLLMEngine, SamplingParams, TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    from pipelines.config import from_dict
-    from serve import engine as eng
+    from core.config import from_dict
+    from serve.online import engine as eng
     from serve.batch.engine_setup import effective_setup
 
     eng.apply_engine_core_start()  # fork EngineCore, as the engine actor does
@@ -251,7 +251,7 @@ def part_rayline(w: dict, work: Path, running_ray: bool = False) -> dict:
     t0 = time.monotonic()  # end to end from here, like (b): every import is in the clock
     import ray
 
-    from pipelines.config import from_dict
+    from core.config import from_dict
     from serve.batch.config import Config
     from serve.batch.pipeline import main
 
@@ -314,7 +314,7 @@ def part_rayline_on_running_ray(w: dict, args) -> dict:
     """(c') (c) on a running cluster: a Ray head started with rayline's local stack (`ray start`, with its
     dashboard) and left to settle, then the stage's driver as a fresh process, its clock from its first
     import to its summary, as `python -m pipelines.batch_infer` runs against the local stack."""
-    from pipelines import stack
+    from stack import lifecycle as stack
 
     head = stack.StackConfig(state_dir=str(args.work / "ray-head"), **BENCH_HEAD)
     stack.up(head, parts=["ray"])

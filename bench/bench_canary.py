@@ -33,15 +33,16 @@ sys.path.insert(0, str(ROOT))
 from bench.serve_servers import ENGINE, SERVE, use_local_stack  # noqa: E402
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
 from bench.serve_load import LoadResult, combine, run_load  # noqa: E402
-from pipelines import registry  # noqa: E402
-from pipelines.config import from_dict  # noqa: E402
-from serve import engine as eng  # noqa: E402
-from serve.app import render_serve_config, resolve_served_model  # noqa: E402
-from serve.canary import Canary  # noqa: E402
-from serve.rollout import DEPLOYED, Rollout  # noqa: E402
-from serve.rollout_config import Config as RolloutConfig  # noqa: E402
-from serve.serve_config import Config as ServeConfig  # noqa: E402
-from serve.verify import wait_until_answering, wait_until_healthy  # noqa: E402
+from core import registry  # noqa: E402
+from core.config import from_dict  # noqa: E402
+from serve.online import engine as eng  # noqa: E402
+from serve.online.app import render_serve_config, resolve_served_model  # noqa: E402
+from serve.promotion.canary import Canary  # noqa: E402
+from serve.promotion.outcome import DEPLOYED  # noqa: E402
+from serve.promotion.rollout import Rollout  # noqa: E402
+from serve.promotion.rollout_config import Config as RolloutConfig  # noqa: E402
+from serve.online.serve_config import Config as ServeConfig  # noqa: E402
+from serve.promotion.verify import wait_until_answering, wait_until_healthy  # noqa: E402
 from serve.batch.tracking import record_figures  # noqa: E402
 
 NAME = "rayline-bench-canary"
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.requests, args.concurrency, args.max_tokens, args.rounds = 24, 8, 16, 1
     use_local_stack()
-    from pipelines.tiny_model import build_tiny_model
+    from stack.tiny_model import build_tiny_model
 
     work = ROOT / ".rayline" / "bench" / "canary"
     model_dir = work / "tiny"

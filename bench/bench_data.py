@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.equal_terms import pooled_setup, print_setups, ratio_line, round_order  # noqa: E402
-from pipelines.sample_corpus import SYSTEM_PROMPT, WORDS  # noqa: E402
-from pipelines.tiny_model import SIZES, train_tokenizer  # noqa: E402
+from stack.sample_corpus import SYSTEM_PROMPT, WORDS  # noqa: E402
+from stack.tiny_model import SIZES, train_tokenizer  # noqa: E402
 
 RESULT_PREFIX = "BENCH_RESULT "
 ENCODE_CALL = "encode_batch_fast(add_special_tokens=False), ids read"  # data.tokens.encode_with_labels' fast path
@@ -111,7 +111,7 @@ def run_baseline(texts_path: Path, backend_path: Path, threads: int, batch: int,
 
 def stage_config(inputs: str, tokenizer: str, out: str, seq_len: int, num_shards: int):
     from data.config import Config
-    from pipelines.config import from_dict
+    from core.config import from_dict
 
     return from_dict(Config, {"inputs": [inputs], "output_uri": out, "tokenizer": tokenizer, "format": "chat",
                               "seq_len": seq_len, "packing": "pack", "num_shards": num_shards, "eval_fraction": 0.01})
@@ -136,7 +136,7 @@ def stage_setup(cfg, tokens: int, manifest: dict | None = None) -> dict:
     from data.examples import TRAIN
     from data.prepare import _task_threads
     from data.sources import discover
-    from pipelines.ray_cluster import node_free_cpus
+    from core.ray_cluster import node_free_cpus
 
     cpus = float(ray.cluster_resources()["CPU"])
     if manifest:

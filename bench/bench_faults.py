@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines import stack  # noqa: E402
-from pipelines.tiny_model import build_tiny_model  # noqa: E402
+from stack import lifecycle as stack  # noqa: E402
+from stack.tiny_model import build_tiny_model  # noqa: E402
 
 SCENARIOS = ("serve", "batch", "gcs")
 

@@ -38,12 +38,12 @@ from bench.serve_servers import (  # noqa: E402
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
 from bench.serve_load import LoadResult, combine  # noqa: E402
 from bench.serve_setup import resolve_scheduler  # noqa: E402
-from pipelines import registry  # noqa: E402
-from pipelines.config import from_dict  # noqa: E402
-from pipelines.tiny_model import build_adapter  # noqa: E402
-from serve import engine as eng  # noqa: E402
-from serve.serve_config import LoraServingConfig  # noqa: E402
-from serve.verify import admin_key, wait_until_answering  # noqa: E402
+from core import registry  # noqa: E402
+from core.config import from_dict  # noqa: E402
+from stack.tiny_model import build_adapter  # noqa: E402
+from serve.online import engine as eng  # noqa: E402
+from serve.online.serve_config import LoraServingConfig  # noqa: E402
+from serve.promotion.verify import admin_key, wait_until_answering  # noqa: E402
 from serve.batch.tracking import record_figures  # noqa: E402
 
 ADAPTER_MODEL, RANK = "rayline-bench-lora", 8
@@ -73,8 +73,9 @@ def lora_setup(kwargs: dict) -> dict:
 def bench_adapter_rollout(app: RaylineApp) -> float:
     """Seconds from setting `champion` on adapter version 2 to it answering behind `rayline:a` (the real rollout,
     in place on the running app)."""
-    from serve.rollout import DEPLOYED, Rollout
-    from serve.rollout_config import Config as RolloutConfig
+    from serve.promotion.outcome import DEPLOYED
+    from serve.promotion.rollout import Rollout
+    from serve.promotion.rollout_config import Config as RolloutConfig
 
     rollout = Rollout(from_dict(RolloutConfig, {"adapter": "a", "triggered_by": "bench"}), app.cfg, target=app.target)
     start = time.time()

@@ -80,7 +80,7 @@ def spilled_bytes() -> int:
 def drive(kind: str, inputs: str, model: str, out: str, num_cpus: int, max_tokens: int) -> None:
     import ray
 
-    from pipelines.config import from_dict
+    from core.config import from_dict
 
     os.environ.pop("RAY_ADDRESS", None)
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
@@ -107,7 +107,7 @@ def drive(kind: str, inputs: str, model: str, out: str, num_cpus: int, max_token
         figures = {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "records": result.counts["read"],
                    "shards": result.manifest["num_shards"]}
     else:
-        from pipelines.config import load_config
+        from core.config import load_config
         from serve.batch.config import Config
         from serve.batch.pipeline import main
 
@@ -142,7 +142,7 @@ class PeakMemory:
     """Peak PSS of one process and, summed, of the rest of its session, sampled every `every_s`."""
 
     def __init__(self, pid: int, every_s: float = 0.5):
-        from pipelines.processes import session_members
+        from stack.processes import session_members
 
         self.pid, self.every_s, self._members = pid, every_s, session_members
         self.driver_kib = self.cluster_kib = 0
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sizes = {k: [int(s) for s in v.split(",") if s] for k, v in (("data", args.data), ("batch", args.batch))}
 
-    from pipelines.tiny_model import build_tiny_model
+    from stack.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)

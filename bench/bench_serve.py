@@ -11,7 +11,7 @@ clients on loopback, `--rounds` times in alternating order
 (A-B-C, C-B-A: the machine's speed drifts; the `vllm defaults` server in the first round only); reported
 over all rounds: output tokens/s and time to first token p50/p99. The servers:
   vllm server    `python -m vllm.entrypoints.openai.api_server` with the engine arguments and the engine
-                 environment (`serve.engine.runtime_env`) rayline's serving config gives its engine, so only
+                 environment (`serve.online.engine.runtime_env`) rayline's serving config gives its engine, so only
                  the serving path differs. Without that environment vLLM on CPU turns the `uni` executor
                  into `mp` (a third process, busy-polling shared memory) and the work is not the same.
   vllm defaults  the same server as `vllm serve MODEL` runs it, with vLLM's own defaults: only the KV cache
@@ -43,9 +43,9 @@ from bench.serve_servers import (  # noqa: E402
     use_local_stack,
 )
 from bench.serve_setup import resolve_scheduler  # noqa: E402
-from pipelines.config import from_dict  # noqa: E402
-from serve import engine as eng  # noqa: E402
-from serve.serve_config import Config as ServeConfig  # noqa: E402
+from core.config import from_dict  # noqa: E402
+from serve.online import engine as eng  # noqa: E402
+from serve.online.serve_config import Config as ServeConfig  # noqa: E402
 from serve.batch.tracking import record_figures  # noqa: E402
 
 VLLM = "vllm server"
@@ -54,10 +54,11 @@ DEFAULTS = "vllm serve, its own defaults (not equal terms)"
 
 def bench_rollout(work: Path) -> float:
     """Seconds from setting the alias to the new version answering, with the tiny model and the real rollout."""
-    from pipelines import registry
-    from pipelines.tiny_model import build_tiny_model
-    from serve.rollout import DEPLOYED, Rollout
-    from serve.rollout_config import Config as RolloutConfig
+    from core import registry
+    from stack.tiny_model import build_tiny_model
+    from serve.promotion.outcome import DEPLOYED
+    from serve.promotion.rollout import Rollout
+    from serve.promotion.rollout_config import Config as RolloutConfig
 
     name = "rayline-bench-tiny"
     dirs = [build_tiny_model(work / f"tiny-{s}", "tiny", seed=s) for s in (0, 1)]

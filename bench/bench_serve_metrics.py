@@ -5,7 +5,7 @@
 
 Both apps serve the same `small` model with the same engine (bench/serve_servers.py's ENGINE and SERVE, its own
 name and route for the second), differing only in `request_metrics` (rayline_serve_requests_total, counted per
-response by serve/llm_hooks.py's middleware; the engine's own metrics are on in both). Each gets `--requests`
+response by serve/online/llm_hooks.py's middleware; the engine's own metrics are on in both). Each gets `--requests`
 streamed completions per concurrency, in alternating rounds (A-B, B-A); then both are redeployed with their
 slots swapped (the first app takes `/`, the second `/b`) and loaded again, and both passes pool. Each side's
 effective set-up is read back and printed, and the last lines are `rayline vs rayline without request metrics (N streams): <ratio>x`
@@ -27,7 +27,7 @@ from bench.serve_servers import (  # noqa: E402
 )
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
 from bench.serve_load import LoadResult, combine  # noqa: E402
-from serve import engine as eng  # noqa: E402
+from serve.online import engine as eng  # noqa: E402
 
 METRICS_ON, METRICS_OFF = "rayline", "rayline without request metrics"
 

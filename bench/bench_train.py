@@ -47,9 +47,9 @@ MUST_MATCH = ["worker processes", "niceness", "CPU affinity", "torch threads", "
 
 def prepare_inputs(work: Path) -> str:
     """The `small` model and the sample corpus prepared with its tokenizer; returns the manifest URI."""
-    from pipelines.config import load_config
-    from pipelines.sample_corpus import write_corpus
-    from pipelines.tiny_model import build_tiny_model
+    from core.config import load_config
+    from stack.sample_corpus import write_corpus
+    from stack.tiny_model import build_tiny_model
 
     model = work / "small-model"
     if not (model / "model.safetensors").exists():
@@ -68,7 +68,7 @@ def prepare_inputs(work: Path) -> str:
 
 
 def train_config(work: Path, manifest_uri: str, args, run_name: str):
-    from pipelines.config import load_config
+    from core.config import load_config
     from train.config import TrainConfig
 
     return load_config(TrainConfig, ROOT / "configs/train/tiny.yaml", [
@@ -84,7 +84,7 @@ def train_config(work: Path, manifest_uri: str, args, run_name: str):
 def join_ray() -> None:
     import ray
 
-    from pipelines.ray_cluster import ray_address
+    from core.ray_cluster import ray_address
     from train.trainer import connect_ray
 
     if ray_address() or os.environ.get("RAY_ADDRESS"):
@@ -198,7 +198,7 @@ class ParquetBatches:
         import pyarrow.parquet as pq
 
         from data.prepared import load_manifest
-        from pipelines import storage
+        from core import storage
 
         manifest = load_manifest(manifest_uri)
 
@@ -256,7 +256,7 @@ def torchrun_worker(cfg_path: Path, threads: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from pipelines.config import from_dict
+    from core.config import from_dict
     from train.config import TrainConfig
     from train.fsdp import build_sharded_model
     from train.loop import train_loop
@@ -311,7 +311,7 @@ def main() -> None:
 
     import ray
 
-    from pipelines.config import to_dict
+    from core.config import to_dict
     from train.preflight import plan_run
 
     work = Path(args.work_dir).resolve()

@@ -20,7 +20,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from pipelines.sample_corpus import WORDS
+from stack.sample_corpus import WORDS
 
 
 @dataclass

@@ -16,12 +16,12 @@ from pathlib import Path
 from bench.equal_terms import THREAD_ENV, busy_threads, thread_times
 from bench.serve_load import LoadResult, run_load
 from bench.serve_setup import engine_core_pid, engine_setup, serve_ingress, title
-from pipelines.config import from_dict, to_dict
-from serve import engine as eng
-from serve.app import ServedModel, render_serve_config
-from serve.deploy_target import LocalServe
-from serve.serve_config import Config as ServeConfig
-from serve.verify import admin_key, wait_until_answering, wait_until_healthy
+from core.config import from_dict, to_dict
+from serve.online import engine as eng
+from serve.online.app import ServedModel, render_serve_config
+from serve.promotion.deploy_target import LocalServe
+from serve.online.serve_config import Config as ServeConfig
+from serve.promotion.verify import admin_key, wait_until_answering, wait_until_healthy
 
 ENGINE = {
     "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 64, "dtype": "float32", "enforce_eager": True,
@@ -30,7 +30,7 @@ ENGINE = {
     # As configs/serve/tiny_cpu.yaml: one unpinned compute thread (vLLM would pin it to core 0). Both servers.
     "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
 }
-# The tuned serving settings (serve/serve_config.py): one ingress, no access log, and streamed tokens passed
+# The tuned serving settings (serve/online/serve_config.py): one ingress, no access log, and streamed tokens passed
 # on as they come (stream_batching_interval_ms 0): at a few tokens/s per stream on CPU a batching window
 # merges nothing, but its timer wakes every stream 20 times a second and delays the first token.
 SERVE = {"app_name": "rayline-bench", "route_prefix": "/", "served_model_id": "rayline", "ingress_cpus": 0.1,
@@ -90,7 +90,7 @@ class VllmServer:
 
     @classmethod
     def equal_terms(cls, model_dir: Path, engine_cfg: eng.EngineConfig, port: int, log_path: Path, nice: int):
-        """With rayline's engine arguments and engine environment, as serve/engine.py prescribes for plain vLLM."""
+        """With rayline's engine arguments and engine environment, as serve/online/engine.py prescribes for plain vLLM."""
         args = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name",
                 "rayline", "--disable-uvicorn-access-log", *vllm_cli_args(engine_cfg)]
         env = {**os.environ, **eng.runtime_env(engine_cfg).get("env_vars", {})}
@@ -162,7 +162,7 @@ class RaylineApp:
 
     def setup(self) -> dict:
         """The engine's replica read back like a vLLM server; its logs are the replica's stdout and stderr (Ray's
-        worker logs). The environment given is the one the app gives the replica (serve/app.py)."""
+        worker logs). The environment given is the one the app gives the replica (serve/online/app.py)."""
         replica = self.replica_pid()
         if replica is None:
             import psutil
@@ -183,7 +183,7 @@ def small_model(work: Path) -> tuple[Path, eng.EngineConfig]:
     """The `small` model under `work` (built once) and the engine config both sides serve it with."""
     model_dir = work / "small"
     if not (model_dir / "model.safetensors").exists():
-        from pipelines.tiny_model import build_tiny_model
+        from stack.tiny_model import build_tiny_model
 
         build_tiny_model(model_dir, "small", seed=0)
     return model_dir, from_dict(eng.EngineConfig, {"model": str(model_dir), **ENGINE})
@@ -193,7 +193,7 @@ def use_local_stack() -> None:
     """Point this process at the local stack (.rayline/) unless a stack's env is already exported."""
     if os.environ.get("RAY_ADDRESS", "").startswith("http"):
         return
-    from pipelines import stack
+    from stack import lifecycle as stack
 
     cfg = stack.load_stack_config(None, [])
     if not (stack.part_healthy(cfg, "ray") and stack.part_healthy(cfg, "mlflow")):

@@ -20,7 +20,7 @@ from bench.equal_terms import process_tree  # noqa: E402
 
 def engine_core_pid(root_pid: int) -> int | None:
     """The EngineCore process under `root_pid`: the one titled VLLM::EngineCore, else the root's child that
-    has computed most. An EngineCore forked from a Serve replica (serve/engine.py: fork on CPU) keeps the
+    has computed most. An EngineCore forked from a Serve replica (serve/online/engine.py: fork on CPU) keeps the
     title the replica had when it forked (vLLM's setproctitle does nothing in a child of a Ray worker), and
     the replica may have other children (helpers Ray or Python start), which compute next to nothing."""
     import psutil
@@ -54,7 +54,7 @@ def title(proc) -> str:
 
 def serve_ingress(replica: int) -> str:
     """How HTTP reaches the engine replica, read back: HAProxy in front of the replica's own HTTP server (Serve's
-    HAProxy mode, pipelines/ray_env.py) when a haproxy process runs on the replica's node, else Ray's
+    HAProxy mode, core/ray_env.py) when a haproxy process runs on the replica's node, else Ray's
     Python proxy actor."""
     import psutil
 

@@ -1,7 +1,7 @@
 """The data stage's config: what to read, how to clean and tokenize it, where the prepared version goes.
 
 `configs/data/*.yaml` mirror this dataclass field for field; `python -m pipelines.prepare_data --config
-FILE key=value ...` builds it with `pipelines.config.load_config`, so a bad field fails before Ray starts.
+FILE key=value ...` builds it with `core.config.load_config`, so a bad field fails before Ray starts.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipelines.config import config_hash, require, to_dict
+from core.config import config_hash, require, to_dict
 
 # Fields that say where or how to run, not what the data is: they stay out of the dataset version.
 NOT_IN_VERSION = ("output_uri", "overwrite", "mlflow_experiment", "tokenizer", "tokenize_batch_size")

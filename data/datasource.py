@@ -13,7 +13,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from data.sources import LINES_SCHEMA, FilePart, group_files, read_lines
-from pipelines import storage
+from core import storage
 
 
 class LinesDatasource(Datasource):

@@ -13,8 +13,8 @@ from collections import Counter
 from datetime import datetime, timezone
 
 from data.config import Config, content_config_hash
-from pipelines import storage
-from pipelines.config import to_dict
+from core import storage
+from core.config import to_dict
 
 SPLIT_NAMES = ("train", "eval")
 

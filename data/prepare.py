@@ -34,8 +34,8 @@ from data.tokens import (
     read_tokenizer_files,
     tokenizer_identity,
 )
-from pipelines import metrics, storage
-from pipelines.ray_cluster import cluster_cpus, init_ray, node_free_cpus
+from core import metrics, storage
+from core.ray_cluster import cluster_cpus, init_ray, node_free_cpus
 
 
 @dataclass
@@ -131,7 +131,7 @@ def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePl
 
 
 def record_metrics(cfg: Config, manifest: dict, wall_s: float) -> None:
-    """The run's counts as rayline's Prometheus metrics (pipelines/metrics.py), labelled by dataset and version."""
+    """The run's counts as rayline's Prometheus metrics (core/metrics.py), labelled by dataset and version."""
     tags = {"dataset": storage.basename(cfg.output_uri), "version": manifest["version"]}
     counts, splits = manifest["counts"], manifest["splits"]
     metrics.inc("rayline_data_records_read", counts["read"], **tags)

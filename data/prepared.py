@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pipelines import storage
+from core import storage
 
 if TYPE_CHECKING:
     import ray
@@ -52,7 +52,7 @@ def read_split(manifest_uri: str, split: str = "train") -> ray.data.Dataset:
     if info["rows"] == 0:
         return ray.data.from_arrow(ROW_SCHEMA.empty_table())
     fs, path = storage.resolve(info["path"])
-    from pipelines.ray_cluster import read_parquet
+    from core.ray_cluster import read_parquet
 
     files = [f for f in storage.list_files(info["path"]) if f.endswith(".parquet")]
     # One block per shard file, whatever the cluster: left to itself, Ray Data sizes a read by the cluster's

@@ -26,7 +26,7 @@ from data.packing import IGNORE, PackedRows, pack_sequences, pad_sequences
 from data.prepared import COLUMNS, ROW_SCHEMA
 from data.shuffle import read_partition
 from data.tokens import byte_lengths, encode_with_labels, load_backend, set_thread_count
-from pipelines import storage
+from core import storage
 
 SPLITS = {TRAIN: "train", EVAL: "eval"}
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from data.examples import location_digest
 from data.heap import keep_freed_memory
-from pipelines import storage
+from core import storage
 
 SHUFFLE_DIR = "_shuffle"
 FILES_SCHEMA = pa.schema([("part", pa.int32()), ("uri", pa.string()), ("rows", pa.int64())])

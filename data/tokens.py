@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import storage
+from core import storage
 
 IGNORE = -100
 # Files a Hugging Face tokenizer may load from; weights and model config are not needed here.
@@ -32,9 +32,7 @@ _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 def read_tokenizer_files(ref: str) -> tuple[str, dict[str, bytes]]:
     """(where the files came from, {file name: bytes}) for a path, s3:// URI, `models:/` ref or hub id."""
     if ref.startswith("models:/"):
-        from pipelines import (
-            registry,  # MLflow, only when asked for: workers import this module too
-        )
+        from core import registry  # MLflow, only when asked for: workers import this module too
 
         location = registry.resolve_model_uri(ref)
     else:

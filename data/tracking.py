@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from data.config import Config
-from pipelines import registry
-from pipelines.config import flatten
+from core import registry
+from core.config import flatten
 
 
 def tracking_configured() -> bool:
@@ -74,6 +74,6 @@ def log_outcome(manifest: dict, manifest_uri: str, wall_s: float) -> None:
 def log_manifest(manifest_uri: str) -> None:
     import mlflow
 
-    from pipelines import storage
+    from core import storage
 
     mlflow.log_text(storage.read_text(manifest_uri), "manifest.json")

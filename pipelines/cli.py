@@ -44,7 +44,7 @@ def _stage(name: str, entry: str, summary: str) -> Command:
 COMMANDS = {
     "demo": Command("pipelines.demo", "cli", "the main job end to end on the local stack (what `make demo` runs)"),
     "stack": Command("pipelines.stack", "main", "start, stop or inspect the local stack (up, down, status, env)",
-                     "pipelines.stack_config:StackConfig"),
+                     "stack.config:StackConfig"),
     "data": _stage("data", "main", "data stage: corpus -> cleaned, tokenized, packed shards and a manifest"),
     "train": _stage("train", "main", "train stage: FSDP2 training on Ray Train, checkpoints, export, registration"),
     "tune": _stage("tune", "main", "tune stage: ASHA search over train config fields, the best registered"),

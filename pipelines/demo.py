@@ -6,7 +6,7 @@ fine-tuned side by side -> promote as the promoter (the MLflow UI's REST calls: 
 production model, the alias set on the copy) -> rollout to the Serve app -> an OpenAI chat request answered by the
 promoted version -> promote the adapter, serve it beside its base, ask it -> summary.
 
-Each stage acts as its MLflow role (pipelines/mlflow_auth.py): data, tune and train as the trainer (registering into
+Each stage acts as its MLflow role (stack/mlflow_auth.py): data, tune and train as the trainer (registering into
 `<model>-candidates`), the eval as the evaluator, promotion as the promoter, the rollout as the rollout identity.
 
 Every stage runs as a Ray job through the Jobs API (`pipelines.submit`, as `ray job submit` would);
@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
-from pipelines import mlflow_auth, registry, stack
-from pipelines.config import from_dict
+from stack import lifecycle as stack, mlflow_auth
+from core import registry
+from core.config import from_dict
 from pipelines.demo_jobs import (StageFailed, chat, data_run_of_job, promote, registered_version, run_of_job,
                                  run_stage)
 
@@ -67,7 +68,7 @@ class DemoConfig:
     adapter_name: str = "arith"
     """The name clients send for the adapter: `rayline:<adapter_name>`."""
     pretrain_steps: int = 1200
-    """The base model's pretraining on plain text (pipelines/tiny_pretrain.py); ~95 s on 2 cores. 1,000 steps (77 s, loss
+    """The base model's pretraining on plain text (stack/tiny_pretrain.py); ~95 s on 2 cores. 1,000 steps (77 s, loss
     0.65 against 0.63) gave the same exact match (0.78 fine-tuned, 0.72 adapter) but a fine-tune that answered the chat
     question wrong ("8"), 2026-12-05."""
     stack_overrides: dict[str, Any] = field(default_factory=dict)
@@ -117,7 +118,7 @@ def step(title: str) -> float:
 
 def write_corpus_once(cfg: DemoConfig) -> Path:
     """The sample corpus (written once; deterministic from the seed)."""
-    from pipelines.sample_corpus import write_corpus
+    from stack.sample_corpus import write_corpus
 
     corpus = Path(cfg.work_dir).resolve() / "corpus"
     if not (corpus / "eval.jsonl").exists():
@@ -127,7 +128,7 @@ def write_corpus_once(cfg: DemoConfig) -> Path:
 
 class BaseModel:
     """The tiny base model (deterministic from the seed), built once: made and its tokenizer saved at once, then
-    pretrained on plain text without the eval questions (~100 s on 2 cores) by `python -m pipelines.tiny_pretrain` in
+    pretrained on plain text without the eval questions (~100 s on 2 cores) by `python -m stack.tiny_pretrain` in
     a process of its own, while the data stage, which needs only the tokenizer, runs. Built aside and moved in once
     pretrained: an interrupted build leaves no half-made base behind. `wait()` gives the pretrained base."""
 
@@ -144,7 +145,7 @@ class BaseModel:
 
         from transformers import AutoTokenizer
 
-        from pipelines.tiny_model import build_tiny_model
+        from stack.tiny_model import build_tiny_model
 
         shutil.rmtree(self.building, ignore_errors=True)
         build_tiny_model(self.building, "tiny", seed=cfg.seed)
@@ -152,7 +153,7 @@ class BaseModel:
         logs.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipelines.tiny_pretrain", "--model", str(self.building), "--out",
+                [sys.executable, "-m", "stack.tiny_pretrain", "--model", str(self.building), "--out",
                  str(self.building), "--steps", str(cfg.pretrain_steps), "--records", "20000", "--seed",
                  str(cfg.seed + 2), "--train-seed", str(cfg.seed), "--leave-out", str(corpus / "eval.jsonl")],
                 stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
@@ -178,7 +179,7 @@ class BaseModel:
 
 def register_base_model(base: Path) -> str:
     """Register the base model once (a version per distinct checkpoint), alias `base`."""
-    from pipelines import weights_manifest
+    from core import weights_manifest
 
     existing = registry.get_alias(BASE_MODEL_NAME, "base")
     if existing and existing.tags.get(registry.TAG_WEIGHTS_DIGEST) == weights_manifest.build(str(base))["digest"]:
@@ -314,8 +315,8 @@ def main(cfg: DemoConfig) -> DemoResult:
 
 def evaluated_exact_match(ref: str) -> float:
     """Exact match of the version as the batch eval logged it on its run over the version's bytes (the gate's
-    figure: serve/gate.py `eval_figures`), not a tag anyone may edit."""
-    from serve.gate import eval_figures
+    figure: serve/promotion/gate.py `eval_figures`), not a tag anyone may edit."""
+    from serve.promotion.gate import eval_figures
 
     mv = registry.get_version(ref)
     figures, _ = eval_figures(mv.name, mv.version, mv.tags.get(registry.TAG_WEIGHTS_DIGEST), "rayline-eval")
@@ -327,7 +328,7 @@ def scfg_serve_url(scfg: stack.StackConfig) -> str:
 
 
 def figure_queries(r: DemoResult) -> dict[str, str]:
-    """The PromQL behind the summary's figures (names as Prometheus sees them: pipelines/metrics.py)."""
+    """The PromQL behind the summary's figures (names as Prometheus sees them: core/metrics.py)."""
     return {
         "records read": f'sum(ray_rayline_data_records_read_total{{version="{r.dataset_version}"}})',
         "training tok/s": f'max(ray_rayline_train_tokens_per_second{{run="{r.train_run_id}"}})',

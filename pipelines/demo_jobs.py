@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pipelines import registry
+from core import registry
 from pipelines.submit import submit_stage
 from rayjobs import stages
 
@@ -100,7 +100,7 @@ def data_run_of_job(job_id: str, log: Path):
 
 def _as_promoter(path: str, body: dict, login: Path) -> dict:
     """One MLflow REST call logged in as the promoter (HTTP basic auth, as the browser sends it)."""
-    from pipelines.secret_files import read_login
+    from core.secret_files import read_login
 
     user, password = read_login(login)
     auth = base64.b64encode(f"{user}:{password}".encode()).decode()

@@ -12,8 +12,8 @@ import sys
 from data.config import Config
 from data.manifest import RejectFractionError, summary_table
 from data.prepare import main as prepare
-from pipelines.config import parse_stage_args
-from pipelines.ray_cluster import init_ray
+from core.config import parse_stage_args
+from core.ray_cluster import init_ray
 
 
 def main(argv: list[str] | None = None) -> int:

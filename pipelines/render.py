@@ -16,7 +16,7 @@ import sys
 
 import yaml
 
-from pipelines.config import ConfigError
+from core.config import ConfigError
 from rayjobs import render, stages
 
 

@@ -5,7 +5,7 @@
 Without --watch it makes one attempt and exits (what a RayJob runs): 0 when the alias's version is
 serving afterwards (deployed or unchanged) or the alias is unset, 1 when it was refused or rolled back.
 With --watch it follows the alias until stopped: polling, plus MLflow webhook calls when
-`webhook_port` is set. See serve/rollout.py for the steps and serve/rollout_record.py for what is recorded.
+`webhook_port` is set. See serve/promotion/rollout.py for the steps and serve/promotion/rollout_record.py for what is recorded.
 """
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ import argparse
 import logging
 import sys
 
-from pipelines.config import ConfigError, load_config
-from serve.deploy_target import DeployError
-from serve.rollout import DEPLOYED, SKIPPED, UNCHANGED, RolloutResult, main
-from serve.rollout_config import Config
+from core.config import ConfigError, load_config
+from serve.promotion.deploy_target import DeployError
+from serve.promotion.outcome import DEPLOYED, SKIPPED, UNCHANGED, RolloutResult
+from serve.promotion.rollout import main
+from serve.promotion.rollout_config import Config
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", "-c", help="rollout YAML (serve/rollout_config.py), e.g. configs/rollout/tiny.yaml")
+    p.add_argument("--config", "-c", help="rollout YAML (serve/promotion/rollout_config.py), e.g. configs/rollout/tiny.yaml")
     p.add_argument("--model", help="registered model name (default: from the serving config's engine.model)")
     p.add_argument("--alias", help="alias to follow (default: champion)")
     p.add_argument("--watch", action="store_true", help="keep following the alias (poll + webhook)")

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from pipelines.config import ConfigError, load_config
-from serve import rollout_record as rec
-from serve.app import render_serve_config, resolve_served_adapters, resolve_served_model, served_model_of
-from serve.deploy_target import DeployError, LocalServe
-from serve.serve_config import Config
-from serve.verify import admin_key, wait_until_answering, wait_until_healthy
+from core.config import ConfigError, load_config
+from serve.promotion import rollout_record as rec
+from serve.online.app import render_serve_config, resolve_served_adapters, resolve_served_model, served_model_of
+from serve.promotion.deploy_target import DeployError, LocalServe
+from serve.online.serve_config import Config
+from serve.promotion.verify import admin_key, wait_until_answering, wait_until_healthy
 
 
 @dataclass
@@ -67,7 +67,7 @@ def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> Serv
 
 def cli(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", "-c", required=True, help="serving YAML (serve/serve_config.py), e.g. configs/serve/tiny_cpu.yaml")
+    p.add_argument("--config", "-c", required=True, help="serving YAML (serve/online/serve_config.py), e.g. configs/serve/tiny_cpu.yaml")
     p.add_argument("--render", action="store_true", help="print the `serve deploy` config instead of deploying")
     p.add_argument("-o", "--out", help="with --render: write the config here")
     p.add_argument("--delete", action="store_true", help="remove this app from Serve (other apps stay)")

@@ -4,7 +4,7 @@
                                [key=value ...]
 
 Same entrypoint and runtime env as the stage's RayJob (rayjobs/stages.py); the working_dir is a snapshot of
-the project's code and configs (pipelines/job_package.py), never logs or data left in the
+the project's code and configs (core/job_package.py), never logs or data left in the
 checkout. The config is validated locally first, so a bad field fails before anything is uploaded.
 The job's env carries its role (RAYLINE_ROLE), the caller's non-secret pointers (stages.FORWARDED_ENV) and
 `--env`; never a secret: every holder of the cluster's token can read a job's runtime_env back, so a variable
@@ -25,8 +25,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipelines.config import ConfigError, load_config
-from pipelines.job_package import PackageError, build_job_package
+from core.config import ConfigError, load_config
+from core.job_package import PackageError, build_job_package
 from rayjobs import stages
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -86,7 +86,7 @@ def submit_stage(
     except ConfigError as e:
         raise ConfigError(f"not submitted: {e}") from None
     job_env = stages.submission_env(st, env)
-    from pipelines.ray_cluster import reload_auth_config
+    from core.ray_cluster import reload_auth_config
 
     reload_auth_config()  # this process may have read Ray's config before the stack's env was set
     client = JobSubmissionClient(dashboard_address(address))

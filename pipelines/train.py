@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from pipelines.config import ConfigError, parse_stage_args
+from core.config import ConfigError, parse_stage_args
 from train.config import TrainConfig
 
 

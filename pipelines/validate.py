@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from rayjobs.cluster_profile import Profile
 from rayjobs.core_schemas import SCHEMAS
 from rayjobs.validate import validate_documents

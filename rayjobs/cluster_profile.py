@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pipelines.config import ConfigError, require
+from core.config import ConfigError, require
 
 RAY_VERSION = "2.60.0"
 
@@ -66,7 +66,7 @@ class SecretRefs:
     """Serving pods' Secret with key `keys.json`: the hashed OpenAI API keys the app accepts."""
     openai_admin_key: str | None = "rayline-openai-admin-key"
     """The rollout's Secret with key `admin_key`: the admin API key its smoke requests, canary probes and stats send
-    (serve/verify.py `admin_key`; its hash is an `admin` entry of `keys.json`). None: the rollout gets none and stops
+    (serve/promotion/verify.py `admin_key`; its hash is an `admin` entry of `keys.json`). None: the rollout gets none and stops
     before it deploys anything."""
     mlflow_webhook: str | None = "rayline-mlflow-webhook"
     """The rollout's Secret with key `secret`: the HMAC secret MLflow signs webhook deliveries with. Mounted only when

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 import yaml
 
-from pipelines.config import require
-from pipelines.ray_env import SERVE_PROCESS_ENV
+from core.config import require
+from core.ray_env import SERVE_PROCESS_ENV
 from rayjobs.cluster_profile import RAY_VERSION, Profile
 from rayjobs.credentials import role_env, role_volumes
 from rayjobs.pod_security import autoscaler_options, harden_pod, kube_api_token_volume

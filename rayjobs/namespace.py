@@ -1,7 +1,7 @@
 """The namespace rayline runs in and who runs there: Pod Security `restricted` enforced (plus audit and warn), one
 ServiceAccount per role (rayjobs/roles.py), and the checks that refuse either without its hardening.
 
-    python -m pipelines.render --shipped   # writes rayjobs/namespace/namespace.yaml, rayjobs/rbac/service-accounts.yaml
+    python -m pipelines.render --shipped   # writes rayjobs/rendered/namespace/namespace.yaml, rayjobs/rendered/rbac/service-accounts.yaml
 
 The ServiceAccounts carry no permissions of their own: only `rayline-rollout` is bound to a Role
 (rayjobs/rollout_rbac.py), and only its pods mount a token. KubeRay binds the autoscaler's Role to an autoscaling

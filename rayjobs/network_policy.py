@@ -1,6 +1,6 @@
 """NetworkPolicies for rayline's namespace: deny all traffic, then allow exactly the flows rayline needs.
 
-    python -m pipelines.render --shipped   # writes rayjobs/namespace/network-policies.yaml
+    python -m pipelines.render --shipped   # writes rayjobs/rendered/namespace/network-policies.yaml
 
 Namespace-wide (`namespace_policies`): every pod may resolve names (kube-dns, 53 UDP/TCP); rayline's pods may
 reach the object store and MLflow; serving pods take Serve traffic (8000) from the gateway and the rollout; the

@@ -24,10 +24,10 @@
       rayline.io/max-num-seqs (default 256).
 (d) inline secrets and (e) an exposed head: rayjobs/leak_checks.py.
 (f) a worker group `replicas` outside [minReplicas, maxReplicas]: the operator silently clamps it.
-(g) rayline's own app (`import_path: serve.app:build_app`): its `args.config` must be a serving config the builder
-    accepts (serve/serve_config.py; TP/PP sizes on CPU, unknown fields, ...), and its engine goes through (a)-(c)
+(g) rayline's own app (`import_path: serve.online.app:build_app`): its `args.config` must be a serving config the builder
+    accepts (serve/online/serve_config.py; TP/PP sizes on CPU, unknown fields, ...), and its engine goes through (a)-(c)
     as Ray's LLM configs do: one engine = TP x PP GPU bundles (STRICT_PACK) or one CPU bundle, from
-    serve.engine.placement_group_config, on one pod; `engine.accelerator_type` on some group; and the pods must
+    serve.online.engine.placement_group_config, on one pod; `engine.accelerator_type` on some group; and the pods must
     hold `autoscaling.min_replicas` (or `initial_replicas`) and `max_replicas` such engines at once.
 (h) pods without rayline's hardening (restricted, no needless token, credentials per role): rayjobs/hardening.py.
 """
@@ -42,13 +42,13 @@ from typing import Any, Callable
 
 import yaml
 
-from pipelines.config import ConfigError, from_dict
+from core.config import ConfigError, from_dict
 from rayjobs.crd_schema import Problem
 from rayjobs.leak_checks import check_exposure, check_secrets
 from rayjobs.ray_schemas import load_serve_config
-from serve.app import BUILDER
-from serve.engine import placement_bundles, placement_strategy
-from serve.serve_config import Config as ServeConfig
+from serve.online.app import BUILDER
+from serve.online.engine import placement_bundles, placement_strategy
+from serve.online.serve_config import Config as ServeConfig
 
 LAYER = "preflight"
 GIB = 1024**3
@@ -210,7 +210,7 @@ def _count(value: Any) -> int:
 
 
 def rayline_apps(config: dict | None, add: Add) -> list[tuple[str, ServeConfig]]:
-    """(application path, serving Config) of each app `serve.app:build_app` builds, read from its `args.config`;
+    """(application path, serving Config) of each app `serve.online.app:build_app` builds, read from its `args.config`;
     a config the builder would refuse is reported at the field it names (the app would never start)."""
     found = []
     for i, app in enumerate(_list(_map(config).get("applications"))):

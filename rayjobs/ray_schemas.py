@@ -11,7 +11,7 @@
   project root.
 
 Modules are located with `importlib.machinery.PathFinder` / `importlib.util.find_spec` only: nothing is
-imported, so checking `serve.app:build_app` never loads vLLM or torch.
+imported, so checking `serve.online.app:build_app` never loads vLLM or torch.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Render a stage config into a KubeRay manifest: RayJob for batch stages, RayService for serving.
 
     python -m pipelines.render --stage train --config configs/train/tiny.yaml [--profile configs/k8s/default.yaml]
-                               [--image IMAGE] [-o rayjobs/train-tiny.yaml]
+                               [--image IMAGE] [-o rayjobs/rendered/train-tiny.yaml]
 
 The entrypoint, runtime env and role come from rayjobs/stages.py (the same as `pipelines.submit`), the
 cluster size from the stage config (`workload_shape`), the rest from the cluster profile. A stage's file holds
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.config import ConfigError, load_config, require
+from core.config import ConfigError, load_config, require
 from rayjobs import stages
 from rayjobs.cluster_profile import Profile
 from rayjobs.credentials import ADMIN_KEY_FILE, WEBHOOK_SECRET_FILE
@@ -94,7 +94,7 @@ def render(stage: str, config: str, profile: Profile, overrides: list[str] | Non
     name = k8s_name(f"rayline-{stage}-{Path(config).stem}")
     annotations = {"rayline.io/config": stages.relative_config(config), "rayline.io/stage": stage}
     if st.kind == "RayService":
-        from serve.app import render_serve_config
+        from serve.online.app import render_serve_config
 
         return rayservice(name, render_serve_config(cfg), shape, profile, annotations)
     runtime_env = stages.job_runtime_env(profile.working_dir, record_commit=False)
@@ -108,7 +108,7 @@ def rollout_webhook_port(cfg, profile: Profile) -> int:
     known to read the files its pods mount: the admin key and, with `webhook_port`, the webhook secret
     (rayjobs/credentials.py). A path of its own in the config would win over the mounted file's env var and be
     missing in the pod; a receiver on loopback would be unreachable for MLflow."""
-    from serve.rollout import load_serve_config
+    from serve.promotion.rollout import load_serve_config
 
     secrets = profile.secrets
     if secrets.openai_admin_key:
@@ -211,7 +211,7 @@ def render_platform(out_dir: Path, profile: Profile) -> dict[str, list]:
 
 def render_shipped(out_dir: Path | None = None, profile: Profile | None = None) -> dict[str, list]:
     """Re-render every shipped manifest into `out_dir` (default rayjobs/); returns problems per file."""
-    out_dir = out_dir or stages.PROJECT_ROOT / "rayjobs"
+    out_dir = out_dir or stages.PROJECT_ROOT / "rayjobs" / "rendered"
     profile = profile or load_profile(None)
     results = {}
     for fname, (stage, config) in SHIPPED.items():

@@ -2,10 +2,10 @@
 RayServices it updates (by name, nothing else), bound to the rollout's own service account `rayline-rollout`
 (rayjobs/roles.py), the only one whose pods mount a token.
 
-    python -m pipelines.render --shipped    # writes rayjobs/rbac/rollout-rbac.yaml for the shipped RayService
+    python -m pipelines.render --shipped    # writes rayjobs/rendered/rbac/rollout-rbac.yaml for the shipped RayService
 
 The rollout reads a RayService (`get`) and writes its `spec.serveConfigV2` with a merge patch carrying the
-resourceVersion it read (`patch`); serve/deploy_target.py `KubeRayService`. `check_rbac` validates the objects
+resourceVersion it read (`patch`); serve/promotion/deploy_target.py `KubeRayService`. `check_rbac` validates the objects
 offline against the fields of the `rbac.authorization.k8s.io/v1` API that rayline writes (rayjobs/core_schemas.py).
 """
 

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines import registry
+from core import registry
 from rayjobs.leak_checks import looks_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -40,8 +40,8 @@ STAGES = {
         Stage("train", "pipelines.train", "train.config:TrainConfig"),
         Stage("tune", "pipelines.tune", "train.tune_config:TuneConfig"),
         Stage("batch_infer", "pipelines.batch_infer", "serve.batch.config:Config", role="evaluator"),
-        Stage("rollout", "pipelines.rollout", "serve.rollout_config:Config", role="rollout"),
-        Stage("serve", "pipelines.serve", "serve.serve_config:Config", role="reader", kind="RayService",
+        Stage("rollout", "pipelines.rollout", "serve.promotion.rollout_config:Config", role="rollout"),
+        Stage("serve", "pipelines.serve", "serve.online.serve_config:Config", role="reader", kind="RayService",
               submit_role="rollout"),
     )
 }

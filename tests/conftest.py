@@ -20,8 +20,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines import objectstore, stack  # noqa: E402
-from pipelines.config import from_dict  # noqa: E402
+from stack import lifecycle as stack, objectstore  # noqa: E402
+from core.config import from_dict  # noqa: E402
 
 TEST_STACK = {
     "state_dir": ".rayline-test", "ray_port": 6389, "dashboard_port": 8275, "ray_client_port": 23011,
@@ -40,7 +40,7 @@ def pytest_configure(config):
 # served, ...) and the private stacks a few modules start on ports of their own.
 STACK_FIXTURES = {"local_stack", "mini_cfg", "gcs_stack", "autoscaling_stack"}
 # Tests that start stack parts in their own body, without one of those fixtures.
-STACK_TESTS = ("tests/pipelines/test_stack_secrets.py::test_the_gcs_redis_takes_only_the_stacks_certificate",)
+STACK_TESTS = ("tests/stack/test_stack_secrets.py::test_the_gcs_redis_takes_only_the_stacks_certificate",)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -68,7 +68,7 @@ def promtool() -> str:
     """Debian's `promtool` (Prometheus's own rule checker and PromQL engine), or the test is skipped."""
     import shutil
 
-    from pipelines import prometheus
+    from stack import prometheus
 
     path = shutil.which("promtool")
     if path is None:
@@ -163,14 +163,14 @@ def log_growing_in_checkout():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from pipelines.tiny_model import build_tiny_model
+    from stack.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), "tiny", seed=0)
 
 
 @pytest.fixture(scope="session")
 def sample_corpus_dir(tmp_path_factory) -> Path:
-    from pipelines.sample_corpus import write_corpus
+    from stack.sample_corpus import write_corpus
 
     out = tmp_path_factory.mktemp("corpus")
     write_corpus(out, seed=0, n_train=600, n_eval=100)
@@ -182,7 +182,7 @@ def ray_session(local_stack):
     """A Ray driver connected to the test stack's head (shut down after the test)."""
     import ray
 
-    from pipelines.ray_cluster import init_ray
+    from core.ray_cluster import init_ray
 
     init_ray()
     yield ray

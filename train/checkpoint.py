@@ -114,7 +114,7 @@ def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
     that dies right after `ray.train.report` can leave a complete checkpoint in storage that Ray does not
     know of; resuming from it keeps the work instead of redoing it from an older one.
     """
-    from pipelines import storage
+    from core import storage
 
     needed, found = checkpoint_files(world_size), {}
     for rel in storage.list_files(run_uri):
@@ -127,7 +127,7 @@ def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
 
 def newest_trainer_state(run_uri: str) -> tuple[str, TrainerState] | None:
     """The newest `checkpoint_step*` directory under `run_uri` (local or s3://) with a trainer state, and the state."""
-    from pipelines import storage
+    from core import storage
 
     names = sorted({rel.split("/", 1)[0] for rel in storage.list_files(run_uri)
                     if rel.startswith(CHECKPOINT_PREFIX) and rel.endswith("/" + TRAINER_STATE)})

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipelines.config import require
-from pipelines.ray_node import check_node_labels
+from core.config import require
+from core.node_labels import check_node_labels
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from pipelines import storage
+from core import storage
 from train.lora import EXPORT_INFO, is_lora, write_adapter
 
 

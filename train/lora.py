@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from pipelines.config import ConfigError
-from pipelines.model_layout import linear_module_names
+from core.config import ConfigError
+from core.model_layout import linear_module_names
 from train.config import LoraConfig
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"

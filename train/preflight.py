@@ -12,8 +12,8 @@ import json
 from dataclasses import asdict, dataclass
 
 from data.prepared import load_manifest
-from pipelines import registry, storage
-from pipelines.config import ConfigError
+from core import registry, storage
+from core.config import ConfigError
 from train.capacity import runs_that_fit
 from train.checkpoint import WorldSizeMismatch, check_world_size, newest_trainer_state
 from train.config import TrainConfig

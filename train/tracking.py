@@ -11,8 +11,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from pipelines import registry
-from pipelines.config import config_hash, flatten
+from core import registry
+from core.config import config_hash, flatten
 from train.config import TrainConfig
 from train.preflight import RunPlan
 

@@ -15,17 +15,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pipelines import metrics as metrics_api
-from pipelines import registry, storage
-from pipelines.config import to_dict
-from pipelines.ray_cluster import init_ray, ray_address
+from core import metrics as metrics_api
+from core import registry, storage
+from core.config import to_dict
+from core.ray_cluster import init_ray, ray_address
 from train.config import TrainConfig
-from train.fault_injection import FAULT_ENV_VARS
 from train.preflight import RunPlan, plan_run
+from train.step_hook import STEP_HOOK_ENV_VARS
 from train.tracking import TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, register_export, training_run
 from train.worker import train_fn_per_worker
 
-FORWARDED_ENV = (*storage.S3_ENV_VARS, *FAULT_ENV_VARS, "RAYLINE_GIT_COMMIT", "HF_HOME")
+FORWARDED_ENV = (*storage.S3_ENV_VARS, *STEP_HOOK_ENV_VARS, "RAYLINE_GIT_COMMIT", "HF_HOME")
 
 
 @dataclass

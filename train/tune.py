@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from pipelines import registry, storage
-from pipelines.config import ConfigError, flatten, from_dict, to_dict
+from core import registry, storage
+from core.config import ConfigError, flatten, from_dict, to_dict
 from train.capacity import TRIAL_DRIVER_CPUS, runs_that_fit
 from train.preflight import plan_run
 from train.tracking import MAX_PARAM_LEN, log_new_params, register_export, training_run

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pipelines.config import ConfigError, from_dict, load_config, require, to_dict
-from pipelines.registry import PROJECT_ROOT
+from core.config import ConfigError, from_dict, load_config, require, to_dict
+from core.registry import PROJECT_ROOT
 from train.config import RUN_NAME, TrainConfig
 
 

@@ -17,9 +17,9 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from pipelines import metrics as metrics_api
-from pipelines import storage
-from pipelines.config import from_dict
+from core import metrics as metrics_api
+from core import storage
+from core.config import from_dict
 from train.checkpoint import (
     TrainerState,
     checkpoint_name,
@@ -29,12 +29,12 @@ from train.checkpoint import (
 )
 from train.config import TrainConfig
 from train.export import export_model
-from train.fault_injection import maybe_kill_worker
 from train.fsdp import build_sharded_model
 from train.loop import Batch, train_loop
 from train.mfu import mfu, peak_flops, train_flops_per_token
 from train.optimizer import adam_state_summary, build_optimizer
 from train.preflight import RunPlan
+from train.step_hook import load_step_hook
 from train.tracking import MetricLogger
 
 
@@ -224,7 +224,7 @@ def train_fn_per_worker(config: dict) -> None:
     mask_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     try:
         train_loop(model, optimizer, scheduler, source, plan.loop, state, hooks, device, mask_dtype,
-                   after_step=lambda step: maybe_kill_worker(step, rank, world))
+                   after_step=load_step_hook(rank, world))
     finally:
         logger.flush()
         shutil.rmtree(hooks.root, ignore_errors=True)  # the staging folder; each checkpoint left it once uploaded

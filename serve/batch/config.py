@@ -1,7 +1,7 @@
 """The batch inference / evaluation stage's config: what to read, which engine, how to sample, where results go.
 
 `configs/batch/*.yaml` mirror this dataclass; `python -m pipelines.batch_infer --config FILE key=value ...`
-builds it with `pipelines.config.load_config`, so a bad field fails before Ray starts.
+builds it with `core.config.load_config`, so a bad field fails before Ray starts.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pipelines.config import ConfigError, require
-from pipelines.ray_node import check_node_labels
+from core.config import ConfigError, require
+from core.node_labels import check_node_labels
 from serve.batch.rows import sampling_problem
-from serve.engine import EngineConfig
+from serve.online.engine import EngineConfig
 
 ROWS_IN_FLIGHT_PER_SEQ = 4
 """Rows in flight per engine, as a multiple of engine.max_num_seqs, when max_concurrent_batches is left unset."""
@@ -52,7 +52,7 @@ class SamplingConfig:
 @dataclass
 class Config:
     engine: EngineConfig
-    """The vLLM engine: model reference, context length, KV cache, placement (serve/engine.py)."""
+    """The vLLM engine: model reference, context length, KV cache, placement (serve/online/engine.py)."""
     input_uri: str
     """A JSONL or Parquet file, or a directory of them (local path or s3://). Rows: `id`, and `messages` (chat,
     a trailing assistant message is the reference) or `prompt` (plain text, sent as is); optional `reference`,

@@ -1,4 +1,4 @@
-"""ray.data.llm's vLLM engine stage with rayline's engine start-up (serve.engine.apply_engine_core_start),
+"""ray.data.llm's vLLM engine stage with rayline's engine start-up (serve.online.engine.apply_engine_core_start),
 the prompt validation in front of it, and requests that ask vLLM for their final output only.
 
 Kept apart from pipeline.py because importing it pulls in vLLM (through Ray's stage module).
@@ -11,7 +11,7 @@ from typing import Any
 
 from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
-from serve import engine as eng
+from serve.online import engine as eng
 from serve.batch.engine_setup import SETUP_LINE, effective_setup
 from serve.batch.rows import ERROR_COLUMN, PromptValidator
 

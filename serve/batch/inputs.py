@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 import ray.data
 from ray.data.datasource.file_based_datasource import FileBasedDatasource
 
-from pipelines import storage
-from serve import engine as eng
+from core import storage
+from serve.online import engine as eng
 from serve.batch.config import Config
 from serve.batch.rows import MODEL_COLUMN, SOURCE_COLUMN
 

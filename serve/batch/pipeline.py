@@ -2,7 +2,7 @@
 
     read (JSONL lines | Parquet rows)        tasks, cpu_stage_num_cpus each; every row with its `source`
                                              (file:line), serve/batch/inputs.py
-      -> ray.data.llm vLLM engine stage      actor pool of num_engines, placement from serve/engine.py; the
+      -> ray.data.llm vLLM engine stage      actor pool of num_engines, placement from serve/online/engine.py; the
                                              UDF is serve/batch/engine_stage.py's: rows.PromptValidator (chat
                                              template, tokenize, refuse bad rows with a reason), then Ray's
                                              stage (EngineCore forked on CPU)
@@ -26,20 +26,21 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 
-from pipelines import metrics, storage
-from pipelines.ray_cluster import init_ray
-from serve import engine as eng
+from core import metrics, storage
+from core.ray_cluster import init_ray
+from serve.online import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
 from serve.batch.driver_start import plan_without_engine_imports
 from serve.batch.inputs import count_input_rows, input_format, read_inputs
 from serve.batch.progress import ProgressReporter
 from serve.batch.resume import job_checkpoint, job_done, job_identity, prepare_output
+from serve.batch.results import result_batches
 from serve.batch.rows import result_rows
 from serve.batch.rows import MODEL_COLUMN
 from serve.batch import report
 from serve.batch.tracking import EVAL_TAG_PREFIX, record_eval
-from serve.adapters import Adapter, lora_engine_kwargs, resolve_adapter
+from serve.online.adapters import Adapter, lora_engine_kwargs, resolve_adapter
 
 @dataclass
 class Result:
@@ -72,13 +73,13 @@ class Result:
 
 
 def metric_tags(cfg: Config, info: eng.ModelInfo) -> dict[str, str]:
-    """Labels of this job's batch metrics (pipelines/metrics.py): the output's name, the model version, the mode."""
+    """Labels of this job's batch metrics (core/metrics.py): the output's name, the model version, the mode."""
     return {"run": storage.basename(cfg.output_uri), "model": info.label, "mode": cfg.mode}
 
 
 def engine_processor(cfg: Config, model_path: str, jsonl: bool = True, models: dict[str, str] | None = None,
                      adapters: list[Adapter] = ()):
-    """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/engine.py, whose
+    """The ray.data.llm vLLM processor, its engine kwargs and placement taken from serve/online/engine.py, whose
     engine stage validates raw input rows (JSONL lines if `jsonl`, else Parquet rows). With `adapters`, the
     engines run LoRA and each row goes to the model its `model_version` names (`models`: label -> the base's
     path or an adapter's directory). Built without importing vLLM, torch or transformers' model code
@@ -167,17 +168,6 @@ def read_results(output_uri: str):
     return pq.read_table(path, filesystem=fs)
 
 
-def result_batches(output_uri: str, columns: list[str], batch_rows: int = 65_536, skip: frozenset[str] = frozenset()):
-    """The result Parquet files under output_uri (less the files named in `skip`, relative), a batch of rows at a
-    time and only `columns`."""
-    import pyarrow.dataset as pads
-
-    fs, _ = storage.resolve(output_uri)
-    files = [storage.resolve(storage.join(output_uri, rel))[1] for rel in sorted(storage.list_files(output_uri))
-             if rel.endswith(".parquet") and rel not in skip]
-    return pads.dataset(files, filesystem=fs, format="parquet").to_batches(columns=columns, batch_size=batch_rows)
-
-
 def tally_results(output_uri: str, metrics: list[str], batch_rows: int = 65_536,
                   skip: frozenset[str] = frozenset(), by_model: bool = False):
     """Totals and scores of the results under output_uri (less the files named in `skip`, relative), read a
@@ -226,7 +216,7 @@ def check_distinct(cfg: Config, labels: list[str]) -> None:
             raise ValueError(f"{fields[i]}: {refs[i]} is {label}, which {fields[first]} already answers with")
 
 
-def main(cfg: Config) -> Result:
+def main(cfg: Config, judge=None) -> Result:
     """Run the stage end to end (or, after a crash, its unfinished rows); print and return the summary."""
     started = time.perf_counter()
     model_path, info = eng.resolve_model(cfg.engine.model, cfg.cache_dir)
@@ -286,21 +276,22 @@ def main(cfg: Config) -> Result:
                 result.compared[model.label], result.compared_eval_run_ids[model.label] = scores, run_id
         publish_reports(cfg, runs, {info.label: model_path, **{a.info.label: a.path for a in adapters},
                                     **{i.label: p for p, i in compared}}, models, per_model,
-                        {a.info.label for a in adapters})
+                        {a.info.label for a in adapters}, judge)
     print(summary(result, cfg, info))
     return result
 
 
 def publish_reports(cfg: Config, runs: dict[str, str], sources: dict[str, str], models: list[eng.ModelInfo],
-                    per_model: dict, adapters: set[str]) -> None:
-    """Each registered model's promotion evidence (serve/batch/report.py): its report on its eval run, and tags."""
+                    per_model: dict, adapters: set[str], judge=None) -> None:
+    """Each registered model's promotion evidence (serve/batch/report.py): its report on its eval run, and tags.
+    `judge(model, source, adapter)`, when given (the entry point passes serve/promotion/gate.py `judge_for`), says
+    every reason the promotion gate would refuse the version now."""
     scores = {label: tally.scores() for label, tally in per_model.items()}
-    gate = report.load_gate(cfg.gate_config)
     for model in models:
         if not (model.name and model.version):
             continue
         rep = report.build_report(model, scores.get(model.label, {}), scores, cfg.output_uri, cfg.metrics)
-        verdict = report.gate_verdict(gate, model, sources[model.label], model.label in adapters)
+        verdict = judge(model, sources[model.label], model.label in adapters) if judge else None
         tags = report.publish(rep, model, runs[model.label], verdict)
         print(f"batch_infer: {model.label}: eval report {tags[report.TAG_REPORT]}"
               + (f", vs {tags[report.TAG_COMPARED_WITH]}" if report.TAG_COMPARED_WITH in tags else "")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pipelines import storage
+from core import storage
 
 
 def format_line(done: int, planned: int, elapsed_s: float) -> str:

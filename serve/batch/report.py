@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines import registry
+from core import registry
 from serve.batch.metrics import normalize
-from serve.engine import ModelInfo
+from serve.online.engine import ModelInfo
 
 TAG_REPORT = "eval.report"
 TAG_COMPARED_WITH = "eval.compared_with"
@@ -129,7 +129,7 @@ def differing_answers(output_uri: str, model: str, other: str, scorer, limit: in
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from serve.batch.pipeline import result_batches
+    from serve.batch.results import result_batches
     from serve.batch.rows import MODEL_COLUMN
 
     seen: dict[str, dict[str, dict]] = {model: {}, other: {}}
@@ -167,28 +167,6 @@ def build_report(model: ModelInfo, scores: dict[str, float], scores_in_job: dict
         scorer = SCORERS[metrics[0]] if metrics else SCORERS["exact_match"]
         report.both, report.differ, report.examples = differing_answers(output_uri, model.label, against.label, scorer)
     return report
-
-
-def load_gate(gate_config: str):
-    """The `gate` of the rollout YAML `gate_config` (None: no gate_config)."""
-    if not gate_config:
-        return None
-    from pipelines.config import load_config
-    from serve.rollout_config import Config as RolloutConfig
-
-    return load_config(RolloutConfig, registry.project_path(gate_config), []).gate
-
-
-def gate_verdict(gate, model: ModelInfo, source: str, adapter: bool) -> list[str] | None:
-    """What the rollout's gate (load_gate) says of the version now, from the eval run just logged over its bytes:
-    every reason it would refuse it (empty: pass); None without a gate."""
-    if gate is None:
-        return None
-    from serve.gate import evidence_problems, gate_problems
-
-    if adapter:
-        return evidence_problems(model.name, model.version, model.digest, gate)
-    return gate_problems(model.name, model.version, model.digest, source, gate)
 
 
 def publish(report: Report, model: ModelInfo, run_id: str, gate_problems: list[str] | None) -> dict[str, str]:

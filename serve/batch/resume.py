@@ -22,7 +22,7 @@ from typing import Iterator
 
 from ray.data.checkpoint.checkpoint_writer import PENDING_CHECKPOINT_SUFFIX
 
-from pipelines import storage
+from core import storage
 from serve.batch.config import Config
 from serve.batch.inputs import input_files
 from serve.batch.rows import SOURCE_COLUMN

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipelines import metrics as rayline_metrics
+from core import metrics as rayline_metrics
 
 SOURCE_COLUMN = "source"  # where an input row came from (serve/batch/inputs.py)
 MODEL_COLUMN = "model_version"  # which model answers the row, in a job with adapters (serve/batch/inputs.py)

@@ -1,15 +1,15 @@
 """Eval results into MLflow: one run per evaluation, linked to the model version, and `eval.*` version tags.
 
 The run is the evidence: it names the version and the sha256 digest of the bytes evaluated
-(`rayline.weights_digest`), and its logged metrics are what the rollout's gate reads (serve/gate.py
+(`rayline.weights_digest`), and its logged metrics are what the rollout's gate reads (serve/promotion/gate.py
 `eval_figures`). The `eval.*` version tags are a copy for people in the MLflow UI; the gate ignores them.
 """
 
 from __future__ import annotations
 
-from pipelines import registry
-from pipelines.config import config_hash, flatten
-from serve.engine import ModelInfo
+from core import registry
+from core.config import config_hash, flatten
+from serve.online.engine import ModelInfo
 
 EVAL_TAG_PREFIX = "eval."
 """Model version tags written by eval mode: `eval.<metric>` (e.g. eval.exact_match, 4 decimals), `eval.run_id`,
@@ -45,7 +45,7 @@ def record_eval(cfg, info: ModelInfo, scores: dict[str, float], counts: dict[str
     """Log an eval run and tag the model version with its metrics; returns the run id. In a job that answered
     with several models at once (`compared`: their labels), each gets a run of its own, named after it and tagged
     with the others (TAG_COMPARED)."""
-    import mlflow  # here, not at the top: an infer-mode driver never needs it (pipelines/registry.py)
+    import mlflow  # here, not at the top: an infer-mode driver never needs it (core/registry.py)
 
     name = cfg.run_name or "eval"
     name = f"{name}-{info.label}" if compared or not cfg.run_name else name

@@ -1,6 +1,6 @@
 """The data stage's Config: the sample YAML loads, bad fields are named, the version ignores where output goes.
 
-(Named test_data_config.py: tests/pipelines/test_config.py already holds the basename.)
+(Named test_data_config.py: tests/core/test_config.py already holds the basename.)
 """
 
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from data.config import Config, content_config_hash
-from pipelines.config import ConfigError, from_dict, load_config, to_dict
+from core.config import ConfigError, from_dict, load_config, to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 

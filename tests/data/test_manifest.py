@@ -13,7 +13,7 @@ from data.manifest import (
     dataset_version,
     summary_table,
 )
-from pipelines.config import from_dict
+from core.config import from_dict
 
 TOKENIZER = {"name_or_path": "tok", "hash": "ab" * 32, "vocab_size": 512, "eos_token_id": 2, "pad_token_id": 0,
              "chat_template_hash": "cd" * 8}

@@ -17,8 +17,8 @@ from data.config import Config
 from data.prepared import COLUMNS, load_manifest, read_split
 from data.records import RecordRules, Reject, content_bytes, parse_record
 from data.tokens import load_tokenizer, read_tokenizer_files
-from pipelines import storage
-from pipelines.config import from_dict
+from core import storage
+from core.config import from_dict
 
 SAMPLE_YAML = str(Path(__file__).resolve().parents[2] / "configs" / "data" / "sample.yaml")
 

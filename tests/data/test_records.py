@@ -6,7 +6,7 @@ import pytest
 
 from data.cleaning import clean_text
 from data.records import RecordRules, Reject, content_bytes, parse_record
-from pipelines.sample_corpus import malformed_lines
+from stack.sample_corpus import malformed_lines
 
 CHAT = RecordRules(format="chat")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from data.shuffle import read_partition, shuffle_uri, write_partitions
-from pipelines import storage
+from core import storage
 
 
 def block(source: str, lines: range, parts: list[int]) -> pa.Table:

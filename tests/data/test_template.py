@@ -4,7 +4,7 @@ import pytest
 
 from data.records import Reject
 from data.template import ChatRenderer, Skeleton, TemplateSpec, content_is_opaque, jinja_render
-from pipelines.tiny_model import CHAT_TEMPLATE
+from stack.tiny_model import CHAT_TEMPLATE
 
 # Llama-3 style: system content pulled out with `set` and `| trim`, a default system prompt, a date.
 LLAMA_LIKE = (

@@ -16,7 +16,7 @@ from data.tokens import (
     read_tokenizer_files,
     tokenizer_identity,
 )
-from pipelines.sample_corpus import make_records
+from stack.sample_corpus import make_records
 
 
 @pytest.fixture(scope="module")

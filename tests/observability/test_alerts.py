@@ -7,7 +7,8 @@ import subprocess
 
 import yaml
 
-from pipelines import metrics, prometheus
+from core import metrics
+from stack import prometheus
 
 RULES = prometheus.RULES
 RULE_TESTS = RULES.with_name("alerts_test.yml")
@@ -54,7 +55,7 @@ def test_unit_tests_fail_when_thresholds_move(promtool, tmp_path):
 
 
 def test_rules_read_only_metrics_that_exist():
-    """rayline's metrics in the rules are ones pipelines/metrics.py defines (by their exported names)."""
+    """rayline's metrics in the rules are ones core/metrics.py defines (by their exported names)."""
     for name, expr in prometheus.alert_rules():
         for metric in prometheus.metric_names(expr):
             if metric.startswith("ray_rayline_"):

@@ -1,5 +1,5 @@
 """The Grafana dashboards and provisioning files: well-formed, every query valid PromQL (checked by promtool),
-and every rayline metric both defined in pipelines/metrics.py and shown somewhere. The live check, each
+and every rayline metric both defined in core/metrics.py and shown somewhere. The live check, each
 panel returning series after a real chain, is in tests/pipelines/test_demo.py."""
 
 import json
@@ -7,7 +7,8 @@ import subprocess
 
 import yaml
 
-from pipelines import metrics, prometheus
+from core import metrics
+from stack import prometheus
 
 BOARDS = sorted(prometheus.DASHBOARDS.glob("*.json"))
 
@@ -46,7 +47,7 @@ def test_every_rayline_metric_is_defined_and_shown():
     for uid, title, expr in queries:
         for m in prometheus.metric_names(expr):
             if m.startswith("ray_rayline_"):
-                assert metrics.defined_as(m), f"{uid} / {title}: {m} is not defined in pipelines/metrics.py"
+                assert metrics.defined_as(m), f"{uid} / {title}: {m} is not defined in core/metrics.py"
                 shown.add(metrics.defined_as(m))
     assert set(metrics.METRICS) - shown == set(), f"on no dashboard, in no alert: {sorted(set(metrics.METRICS) - shown)}"
 

@@ -63,8 +63,8 @@ def test_a_test_whose_fixture_closure_holds_the_stack_is_marked_and_a_unit_test_
 
 
 def test_the_suites_stack_tests_are_out_of_the_check_tier():
-    files = ["tests/pipelines/test_stack.py", "tests/pipelines/test_stack_secrets.py",
-             "tests/pipelines/test_ray_cluster.py"]
+    files = ["tests/stack/test_stack.py", "tests/stack/test_stack_secrets.py",
+             "tests/core/test_ray_cluster.py"]
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                            "-m", "not stack", *files], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -72,4 +72,4 @@ def test_the_suites_stack_tests_are_out_of_the_check_tier():
     # test_stack.py's config checks start nothing; its mini_cfg tests start a stack of their own; test_stack_secrets
     # asks for the test stack (local_stack) or starts Redis and Ray in its body (STACK_TESTS); test_ray_cluster gets
     # it through ray_session.
-    assert kept == {"tests/pipelines/test_stack.py::test_bad_worker_node_settings_are_named"}, proc.stdout
+    assert kept == {"tests/stack/test_stack.py::test_bad_worker_node_settings_are_named"}, proc.stdout

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import registry
-from pipelines.config import to_dict
+from core import registry
+from core.config import to_dict
 from pipelines.demo import BASE_MODEL_NAME, LORA_APP, QUESTION, DemoConfig, main
-from serve import rollout_record
-from serve.deploy_target import LocalServe
+from serve.promotion import rollout_record
+from serve.promotion.deploy_target import LocalServe
 from train.tune import TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -110,7 +110,7 @@ def test_tune_search_runs_asha_trials_as_child_runs_and_registers_the_best(demo)
 
 
 def test_the_fine_tuned_model_and_the_adapter_visibly_learned(demo):
-    """The demo's base knows the facts but not the chat format (pipelines/tiny_pretrain.py). Sized as the demo is
+    """The demo's base knows the facts but not the chat format (stack/tiny_pretrain.py). Sized as the demo is
     (pipelines/demo.py final_overrides, lora_overrides), the fine-tuned model and the adapter each answer at least
     half of the eval questions, and both answer the chat question in the sum's own form. At ~0.78 exact match the
     fine-tune gets that one question right about 3 times in 4, as the README says (2026-12-06's clean-clone demo:
@@ -169,30 +169,31 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
     over metrics that exist (an alert's condition itself is tested by tests/observability/test_alerts.py)."""
     import time
 
-    from pipelines import prometheus
-    from pipelines.stack import env_vars
+    from stack import prometheus
+    from core import prometheus_query
+    from stack.lifecycle import env_vars
 
     cfg, result = demo
     url = env_vars(local_stack)["RAYLINE_PROMETHEUS_URL"]
-    jobs = {t["job"] for t in prometheus.targets(url) if t["health"] == "up"}
-    assert {"ray", "mlflow", "prometheus"} <= jobs, prometheus.targets(url)
+    jobs = {t["job"] for t in prometheus_query.targets(url) if t["health"] == "up"}
+    assert {"ray", "mlflow", "prometheus"} <= jobs, prometheus_query.targets(url)
 
-    read = prometheus.wait_for(url, f'sum(ray_rayline_data_records_read_total{{version="{result.dataset_version}"}})')
+    read = prometheus_query.wait_for(url, f'sum(ray_rayline_data_records_read_total{{version="{result.dataset_version}"}})')
     assert float(read[0]["value"][1]) == result.counts["read"]
-    served = prometheus.wait_for(url, f'sum by (version) (ray_rayline_served_version{{model="{cfg.model_name}"}})')
+    served = prometheus_query.wait_for(url, f'sum by (version) (ray_rayline_served_version{{model="{cfg.model_name}"}})')
     assert [s["metric"]["version"] for s in served] == [result.model_version]
-    adapter = prometheus.wait_for(url, f'sum by (app, model, version) '
+    adapter = prometheus_query.wait_for(url, f'sum by (app, model, version) '
                                        f'(ray_rayline_served_adapter_version{{adapter="{cfg.adapter_name}"}}) > 0')
     assert [(s["metric"]["app"], s["metric"]["model"], s["metric"]["version"]) for s in adapter] == [
         (LORA_APP["app_name"], result.adapter_model, result.adapter_version)]
-    rollouts = prometheus.wait_for(url, f'sum by (outcome) (ray_rayline_rollouts_total{{model="{cfg.model_name}"}})')
+    rollouts = prometheus_query.wait_for(url, f'sum by (outcome) (ray_rayline_rollouts_total{{model="{cfg.model_name}"}})')
     assert {s["metric"]["outcome"]: float(s["value"][1]) for s in rollouts} == {"deployed": 1.0}
     # One eval job answered with two engine pools: the base's (its adapter's rows too) and the fine-tuned model's.
-    evals = prometheus.query(url, 'sum by (run, model) (ray_rayline_batch_rows_done_total{mode="eval"})')
+    evals = prometheus_query.query(url, 'sum by (run, model) (ray_rayline_batch_rows_done_total{mode="eval"})')
     models = {s["metric"]["model"] for s in evals if s["metric"]["run"] == "eval"}
     assert f"{cfg.model_name}-candidates/{result.candidate_version}" in models, models  # what the trainer registered
     assert any(m.startswith(f"{BASE_MODEL_NAME}/") for m in models), models
-    steps = prometheus.query_range(url, f'max(ray_rayline_train_step{{run="{result.train_run_id}"}})',
+    steps = prometheus_query.query_range(url, f'max(ray_rayline_train_step{{run="{result.train_run_id}"}})',
                                    result.started_at, time.time())
     assert steps and max(float(v) for _, v in steps[0]["values"]) > 0
 
@@ -202,7 +203,7 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
     start, deadline = result.started_at - 60, time.time() + 90
 
     def has_data(expr: str) -> bool:
-        while not prometheus.query_range(url, expr, start, time.time() + 30):
+        while not prometheus_query.query_range(url, expr, start, time.time() + 30):
             if time.time() > deadline:
                 return False
             time.sleep(3)
@@ -214,13 +215,13 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
     end = time.time() + 30
     from pipelines.demo import figure_queries
 
-    blank = [figure for figure, expr in figure_queries(result).items() if not prometheus.query_range(url, expr, start, end)]
+    blank = [figure for figure, expr in figure_queries(result).items() if not prometheus_query.query_range(url, expr, start, end)]
     assert not blank, f"the summary's queries without data: {blank}"
     for name, expr in prometheus.alert_rules():
-        prometheus.query_range(url, expr, start, end)  # evaluates (raises with Prometheus's error otherwise)
+        prometheus_query.query_range(url, expr, start, end)  # evaluates (raises with Prometheus's error otherwise)
         # Every series an alert reads is live, except counters of events the demo does not cause (Ray's counters
         # only exist once incremented): those rules are shown firing by tests/observability/test_alerts.py.
-        absent = {m for m in prometheus.metric_names(expr) if not prometheus.query_range(url, f"count({m})", start, end)}
+        absent = {m for m in prometheus.metric_names(expr) if not prometheus_query.query_range(url, f"count({m})", start, end)}
         assert absent <= set(EVENTS_THE_DEMO_DOES_NOT_CAUSE), f"alert {name}: no series for {sorted(absent)}"
 
 

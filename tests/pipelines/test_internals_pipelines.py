@@ -27,7 +27,7 @@ def run_python(code: str, env: dict[str, str] | None = None) -> str:
 
 
 def test_loopback_switch_is_rays_module_constant_read_at_call_time(monkeypatch):
-    """P1, pipelines/ray_cluster.py `_keep_loopback`: ray._private.ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR names the
+    """P1, core/ray_cluster.py `_keep_loopback`: ray._private.ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR names the
     switch and ENABLE_RAY_CLUSTER holds it; services.get_node_ip_address reads the attribute on every call, so
     setting it to False keeps a driver on 127.0.0.1."""
     import ray._private.worker
@@ -42,7 +42,7 @@ def test_loopback_switch_is_rays_module_constant_read_at_call_time(monkeypatch):
 
 
 def test_reload_auth_config_rereads_rays_auth_settings(tmp_path):
-    """P2, pipelines/ray_cluster.py `reload_auth_config`: ray._raylet.Config.initialize("") re-reads RAY_AUTH_MODE
+    """P2, core/ray_cluster.py `reload_auth_config`: ray._raylet.Config.initialize("") re-reads RAY_AUTH_MODE
     and AuthenticationTokenLoader.instance().reset_cache() re-reads RAY_AUTH_TOKEN_PATH in a process that read
     them before they were set (in a fresh interpreter: both are process-wide)."""
     token = tmp_path / "token"
@@ -52,7 +52,7 @@ def test_reload_auth_config_rereads_rays_auth_settings(tmp_path):
         from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
         print(get_authentication_mode() == AuthenticationMode.TOKEN, AuthenticationTokenLoader.instance().has_token())
         os.environ["RAY_AUTH_MODE"], os.environ["RAY_AUTH_TOKEN_PATH"] = "token", {str(token)!r}
-        from pipelines.ray_cluster import reload_auth_config
+        from core.ray_cluster import reload_auth_config
         reload_auth_config()
         print(get_authentication_mode() == AuthenticationMode.TOKEN, AuthenticationTokenLoader.instance().has_token())
     """, env={"RAY_AUTH_MODE": "", "RAY_AUTH_TOKEN_PATH": ""})
@@ -60,7 +60,7 @@ def test_reload_auth_config_rereads_rays_auth_settings(tmp_path):
 
 
 def test_node_free_cpus_reads_rays_per_node_availability():
-    """P3, pipelines/ray_cluster.py `node_free_cpus`: ray._private.state.available_resources_per_node() takes no
+    """P3, core/ray_cluster.py `node_free_cpus`: ray._private.state.available_resources_per_node() takes no
     argument and maps each node's hex id to its available resources (a dict of resource name -> amount)."""
     from ray._private import state
 
@@ -70,12 +70,12 @@ def test_node_free_cpus_reads_rays_per_node_availability():
 
 
 def test_node_labels_are_checked_by_rays_validator():
-    """P4, pipelines/ray_node.py `check_node_labels`: ray._private.label_utils.validate_label_selector returns None
+    """P4, core/node_labels.py `check_node_labels`: ray._private.label_utils.validate_label_selector returns None
     for a selector Ray accepts and a message for one it refuses."""
     from ray._private.label_utils import validate_label_selector
 
-    from pipelines.config import ConfigError
-    from pipelines.ray_node import check_node_labels
+    from core.config import ConfigError
+    from core.node_labels import check_node_labels
 
     for value in ("worker-1", "!worker-1", "in(worker-1,worker-2)", "!in(a,b)"):
         assert validate_label_selector({"rayline.io/node": value}) is None, value
@@ -85,7 +85,7 @@ def test_node_labels_are_checked_by_rays_validator():
 
 
 def test_ray_start_is_run_in_process_with_its_lookups_replaced():
-    """P5-P8, pipelines/ray_node.py `main`: ray.scripts.scripts.main runs Ray's click CLI; `ray start` looks up
+    """P5-P8, stack/ray_node.py `main`: ray.scripts.scripts.main runs Ray's click CLI; `ray start` looks up
     ray_constants.ENABLE_RAY_CLUSTER, services.find_gcs_addresses and services.get_node_ip_address through their
     modules when it runs (so replacing the module attributes takes effect); find_gcs_addresses has the cache_clear
     that ray.shutdown calls; get_node_ip_address takes `address`; every option the stack passes exists."""
@@ -93,8 +93,8 @@ def test_ray_start_is_run_in_process_with_its_lookups_replaced():
     from ray._private import services, worker
     from ray.scripts import scripts
 
-    from pipelines.ray_node import worker_node_argv
-    from pipelines.stack import StackConfig
+    from stack.ray_node import worker_node_argv
+    from stack.lifecycle import StackConfig
 
     assert "cli()" in inspect.getsource(scripts.main)
     start = scripts.cli.commands["start"]
@@ -114,7 +114,7 @@ def test_ray_start_is_run_in_process_with_its_lookups_replaced():
 
 
 def test_alive_nodes_reads_rays_state_api_route():
-    """P9, pipelines/ray_node.py `alive_nodes`: the head's dashboard serves GET /api/v0/nodes, and the answer's
+    """P9, stack/ray_node.py `alive_nodes`: the head's dashboard serves GET /api/v0/nodes, and the answer's
     nodes sit at data.result.result (as Ray's own State API client reads them)."""
     from ray.dashboard.modules.state import state_head
     from ray.util.state import api
@@ -125,8 +125,8 @@ def test_alive_nodes_reads_rays_state_api_route():
 
 
 def test_metrics_flush_reads_rays_report_interval():
-    """P10-P11, pipelines/metrics.py `flush` (and train/trainer.py
-    `worker_env`, serve/app.py REPLICA_METRICS_ENV, which set it): ray._raylet.Config.metrics_report_interval_ms()
+    """P10-P11, core/metrics.py `flush` (and train/trainer.py
+    `worker_env`, serve/online/app.py REPLICA_METRICS_ENV, which set it): ray._raylet.Config.metrics_report_interval_ms()
     is Ray's report interval, and RAY_metrics_report_interval_ms in the environment sets it."""
     out = run_python("""
         from ray._raylet import Config
@@ -136,11 +136,11 @@ def test_metrics_flush_reads_rays_report_interval():
 
 
 def test_prometheus_reads_rays_discovery_file_in_the_session_dir():
-    """P12-P13, pipelines/prometheus.py `link_ray_targets` and pipelines/processes.py `ray_session_dir`: Ray writes
+    """P12-P13, stack/prometheus.py `link_ray_targets` and stack/processes.py `ray_session_dir`: Ray writes
     its Prometheus targets to <session dir>/RAY_SD_FILE, and passes `--session-dir=` to the processes it starts."""
     from ray._private import metrics_agent, ray_constants, services
 
-    from pipelines.prometheus import RAY_SD_FILE
+    from stack.prometheus import RAY_SD_FILE
 
     assert RAY_SD_FILE == ray_constants.PROMETHEUS_SERVICE_DISCOVERY_FILE
     target = inspect.getsource(metrics_agent.PrometheusServiceDiscoveryWriter.get_target_file_name)
@@ -149,7 +149,7 @@ def test_prometheus_reads_rays_discovery_file_in_the_session_dir():
 
 
 def test_ray_job_id_is_what_rays_job_supervisor_passes():
-    """P14, pipelines/registry.py `ray_job_id`: Ray's job supervisor gives the entrypoint RAY_JOB_CONFIG_JSON_ENV_VAR
+    """P14, core/registry.py `ray_job_id`: Ray's job supervisor gives the entrypoint RAY_JOB_CONFIG_JSON_ENV_VAR
     (ray._private.runtime_env.constants), a JSON whose `metadata` holds `job_submission_id`."""
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
     from ray.dashboard.modules.job import job_supervisor
@@ -163,13 +163,13 @@ def test_ray_job_id_is_what_rays_job_supervisor_passes():
 
 
 def test_fake_provider_is_where_the_autoscaler_config_names_it():
-    """P15, pipelines/ray_autoscaler.py: FAKE_PROVIDER imports as Ray's fake multi-node provider, its head node id is
+    """P15, stack/ray_autoscaler.py: FAKE_PROVIDER imports as Ray's fake multi-node provider, its head node id is
     Ray's, and the provider reads the config keys and the RAY_FAKE_CLUSTER switch rayline sets."""
     import importlib
 
     from ray.autoscaler._private.fake_multi_node import node_provider
 
-    from pipelines.ray_autoscaler import AUTOSCALER_ENV, FAKE_HEAD_NODE_ID, FAKE_PROVIDER, autoscaling_config
+    from stack.ray_autoscaler import AUTOSCALER_ENV, FAKE_HEAD_NODE_ID, FAKE_PROVIDER, autoscaling_config
 
     module, _, name = FAKE_PROVIDER.rpartition(".")
     assert getattr(importlib.import_module(module), name) is node_provider.FakeMultiNodeProvider
@@ -182,8 +182,8 @@ def test_fake_provider_is_where_the_autoscaler_config_names_it():
 
 
 def test_haproxy_wrapper_on_the_config_ray_renders(tmp_path):
-    """P16, pipelines/haproxy_loopback.py `loopback_config` (run by Ray through RAY_SERVE_HAPROXY_BINARY_PATH,
-    pipelines/ray_env.py): on the config Ray Serve itself renders (not a copy of it), the stats page and the
+    """P16, stack/haproxy_loopback.py `loopback_config` (run by Ray through RAY_SERVE_HAPROXY_BINARY_PATH,
+    core/ray_env.py): on the config Ray Serve itself renders (not a copy of it), the stats page and the
     exporter it drops are there to drop, and afterwards every bind is on 127.0.0.1. Ray starts the binary the
     variable names with `-f <config>`."""
     import re
@@ -191,7 +191,7 @@ def test_haproxy_wrapper_on_the_config_ray_renders(tmp_path):
     from ray.serve._private import constants, haproxy
     from ray.serve._private.haproxy import HAProxyApi, HAProxyConfig
 
-    from pipelines.haproxy_loopback import BIND, LEFT_OUT, loopback_config
+    from stack.haproxy_loopback import BIND, LEFT_OUT, loopback_config
 
     config = tmp_path / "haproxy.cfg"
     # Every path under tmp_path: at init Ray sweeps old log files beside the socket (its default: /tmp/haproxy-serve).
@@ -212,13 +212,13 @@ def test_haproxy_wrapper_on_the_config_ray_renders(tmp_path):
 
 
 def test_serve_switches_and_defaults_the_stack_sets_are_rays():
-    """P17, pipelines/ray_node.py `worker_node_env`, pipelines/ray_autoscaler.py AUTOSCALED_NODE_ENV,
-    pipelines/ray_env.py `local_serve_env`, pipelines/stack_config.py SERVE_REPLICA_PORTS: ray.serve._private.constants
+    """P17, stack/ray_node.py `worker_node_env`, stack/ray_autoscaler.py AUTOSCALED_NODE_ENV,
+    stack/parts.py `local_serve_env`, stack/config.py SERVE_REPLICA_PORTS: ray.serve._private.constants
     reads RAY_SERVE_WORKER_PROXY_HTTP_PORT and RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S from the environment,
     and its direct-ingress port ranges default to the ones the stack keeps its own ports out of."""
     from ray.serve._private import constants
 
-    from pipelines.stack_config import SERVE_REPLICA_PORTS
+    from stack.config import SERVE_REPLICA_PORTS
 
     source = inspect.getsource(constants)
     for name in ("RAY_SERVE_WORKER_PROXY_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"):
@@ -230,7 +230,7 @@ def test_serve_switches_and_defaults_the_stack_sets_are_rays():
 
 
 def test_graceful_drain_switch_is_rays():
-    """P18, pipelines/stack_parts.py STOP_NOW_ENV: ray._private.ray_constants reads RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S,
+    """P18, stack/parts.py STOP_NOW_ENV: ray._private.ray_constants reads RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S,
     and a node's drain on SIGTERM waits that long."""
     from ray._private import node, ray_constants
 

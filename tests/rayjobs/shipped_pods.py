@@ -11,7 +11,7 @@ ROOT = stages.PROJECT_ROOT
 
 def shipped(fname: str) -> dict:
     """The first document (the RayJob or RayService) of a shipped manifest under rayjobs/."""
-    return next(yaml.safe_load_all((ROOT / "rayjobs" / fname).read_text()))
+    return next(yaml.safe_load_all((ROOT / "rayjobs" / "rendered" / fname).read_text()))
 
 
 def pods(doc: dict) -> list[tuple[str, dict]]:

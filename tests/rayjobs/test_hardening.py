@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import yaml
 
-from pipelines.config import ConfigError
+from core.config import ConfigError
 from pipelines.validate import main as validate_cli
 from rayjobs import render, stages
 from tests.rayjobs.shipped_pods import HEAD, WORKER, SERVE_WORKER, at, pods, shipped
@@ -69,7 +69,7 @@ def test_each_stage_runs_as_its_role_with_a_token_only_where_the_kubernetes_api_
 
 
 def test_service_accounts_one_per_role_and_only_the_rollouts_hands_out_tokens():
-    accounts = list(yaml.safe_load_all((ROOT / "rayjobs/rbac/service-accounts.yaml").read_text()))
+    accounts = list(yaml.safe_load_all((ROOT / "rayjobs/rendered/rbac/service-accounts.yaml").read_text()))
     assert {a["metadata"]["name"]: a["automountServiceAccountToken"] for a in accounts} == {
         "rayline-trainer": False, "rayline-evaluator": False, "rayline-rollout": True, "rayline-serving": False}
 
@@ -130,7 +130,7 @@ def test_an_autoscaling_head_gives_the_token_to_the_autoscaler_container_only(pr
 
 
 def test_the_namespace_enforces_pod_security_restricted():
-    (ns,) = yaml.safe_load_all((ROOT / "rayjobs/namespace/namespace.yaml").read_text())
+    (ns,) = yaml.safe_load_all((ROOT / "rayjobs/rendered/namespace/namespace.yaml").read_text())
     assert {k: v for k, v in ns["metadata"]["labels"].items() if k.startswith("pod-security")} == {
         "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/audit": "restricted",
         "pod-security.kubernetes.io/warn": "restricted"}
@@ -228,7 +228,7 @@ def test_an_autoscaler_without_a_security_context_fails(profile):
      "metadata.labels.pod-security.kubernetes.io/enforce", "must be 'restricted'"),
 ])
 def test_namespace_objects_without_their_hardening_fail(fname, edit, path, message):
-    doc = copy.deepcopy(next(yaml.safe_load_all((ROOT / "rayjobs" / fname).read_text())))
+    doc = copy.deepcopy(next(yaml.safe_load_all((ROOT / "rayjobs" / "rendered" / fname).read_text())))
     assert validate_manifest(doc) == []
     edit(doc)
     assert [(p.path, message in p.message) for p in validate_manifest(doc)] == [(path, True)]

@@ -63,7 +63,7 @@ def test_a_shape_the_serving_config_refuses_is_named_at_its_field(rendered):
     assert "must be >= 1, got 0" in problems[f"{ENGINE}.tensor_parallel_size"]
     problems = problems_at(edited(rendered, {"tensor_paralel_size": 2}))
     assert "unknown field" in problems[f"{ENGINE}.tensor_paralel_size"]
-    assert all("serve.app:build_app refuses" in m for m in problems.values())
+    assert all("serve.online.app:build_app refuses" in m for m in problems.values())
 
 
 def test_more_replicas_than_the_pods_hold(rendered):

@@ -11,7 +11,7 @@ import yaml
 from rayjobs import monitoring, render
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = sorted((ROOT / "rayjobs").glob("*.yaml"))
+SHIPPED = sorted((ROOT / "rayjobs" / "rendered").glob("*.yaml"))
 
 
 @pytest.fixture(scope="module")

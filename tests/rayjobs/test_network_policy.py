@@ -22,7 +22,7 @@ NS = "rayline"
 
 
 def _docs(fname: str) -> list[dict]:
-    return list(yaml.safe_load_all((ROOT / "rayjobs" / fname).read_text()))
+    return list(yaml.safe_load_all((ROOT / "rayjobs" / "rendered" / fname).read_text()))
 
 
 POLICIES = _docs("namespace/network-policies.yaml") + [d for f in render.SHIPPED for d in _docs(f)

@@ -5,7 +5,7 @@ import shlex
 import pytest
 import yaml
 
-from pipelines.config import ConfigError
+from core.config import ConfigError
 from rayjobs import render, stages
 from rayjobs.cluster_profile import RAY_VERSION
 from rayjobs.manifests import Shape, cluster_spec
@@ -25,7 +25,7 @@ def test_shipped_manifest_is_current_and_valid(fname, profile, tmp_path):
     stage, config = render.SHIPPED[fname]
     problems = render.render_to_file(stage, str(ROOT / config), tmp_path / fname, profile)
     assert problems == []
-    shipped = ROOT / "rayjobs" / fname
+    shipped = ROOT / "rayjobs" / "rendered" / fname
     assert shipped.exists(), f"rayjobs/{fname} missing: run `python -m pipelines.render --shipped`"
     docs = list(yaml.safe_load_all(shipped.read_text()))
     assert docs == list(yaml.safe_load_all((tmp_path / fname).read_text())), (
@@ -36,7 +36,7 @@ def test_shipped_manifest_is_current_and_valid(fname, profile, tmp_path):
 @pytest.mark.parametrize("fname", sorted(render.PLATFORM))
 def test_shipped_namespace_objects_are_current_and_valid(fname, profile, tmp_path):
     assert render.render_platform(tmp_path, profile)[fname] == []
-    shipped = ROOT / "rayjobs" / fname
+    shipped = ROOT / "rayjobs" / "rendered" / fname
     assert list(yaml.safe_load_all(shipped.read_text())) == list(yaml.safe_load_all((tmp_path / fname).read_text())), (
         f"rayjobs/{fname} is stale: run `python -m pipelines.render --shipped`")
 
@@ -84,7 +84,7 @@ def test_gpu_serving_lands_on_its_accelerator(profile):
 
 
 def test_serving_pods_carry_serve_request_path_settings_and_jobs_do_not(profile):
-    from pipelines.ray_env import SERVE_PROCESS_ENV
+    from core.ray_env import SERVE_PROCESS_ENV
 
     def pod_envs(doc):
         cluster = doc["spec"].get("rayClusterSpec") or doc["spec"]["rayClusterConfig"]
@@ -105,7 +105,7 @@ def test_unknown_accelerator_is_named(profile):
 
 def test_unsatisfiable_shape_is_rejected(profile):
     """A hand-built cluster whose pods have 1 GPU cannot hold a TP=2 STRICT_PACK engine: preflight says so."""
-    serve_config = {"applications": [{"name": "llm", "route_prefix": "/", "import_path": "pipelines.config:load_config",
+    serve_config = {"applications": [{"name": "llm", "route_prefix": "/", "import_path": "core.config:load_config",
                                       "deployments": [{"name": "LLMServer", "placement_group_bundles": [{"GPU": 1}, {"GPU": 1}],
                                                        "placement_group_strategy": "STRICT_PACK"}]}]}
     from rayjobs.manifests import rayservice

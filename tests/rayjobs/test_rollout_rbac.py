@@ -1,4 +1,4 @@
-"""The rollout's RBAC (rayjobs/rollout_rbac.py, rayjobs/rbac/rollout-rbac.yaml): current, valid, least privilege,
+"""The rollout's RBAC (rayjobs/rollout_rbac.py, rayjobs/rendered/rbac/rollout-rbac.yaml): current, valid, least privilege,
 and enough: the RayService target works against the API server stand-in with exactly the verbs the Role grants."""
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.config import load_config
+from core.config import load_config
 from rayjobs import render
 from rayjobs.roles import ROLLOUT
 from rayjobs.rollout_rbac import check_rbac, rollout_rbac
-from serve.app import ServedModel, render_serve_config
-from serve.deploy_target import KubeRayService
-from serve.serve_config import Config
+from serve.online.app import ServedModel, render_serve_config
+from serve.promotion.deploy_target import KubeRayService
+from serve.online.serve_config import Config
 from tests.serve.kube_api import KubeApiStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_RBAC = ROOT / "rayjobs" / render.ROLLOUT_RBAC
+SHIPPED_RBAC = ROOT / "rayjobs" / "rendered" / render.ROLLOUT_RBAC
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_the_shipped_rbac_is_current_valid_and_grants_only_get_and_patch_on_the_
         f"{SHIPPED_RBAC} is stale: run `python -m pipelines.render --shipped`")
     assert [check_rbac(d) for d in docs] == [[], []]
     role, binding = docs
-    rayservice = next(yaml.safe_load_all((ROOT / "rayjobs" / "serve-gpu.yaml").read_text()))["metadata"]
+    rayservice = next(yaml.safe_load_all((ROOT / "rayjobs" / "rendered" / "serve-gpu.yaml").read_text()))["metadata"]
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == rayservice["namespace"]
     assert role["rules"] == [{"apiGroups": ["ray.io"], "resources": ["rayservices"],
                               "resourceNames": [rayservice["name"]], "verbs": ["get", "patch"]}]
@@ -45,7 +45,7 @@ def test_the_shipped_rbac_is_current_valid_and_grants_only_get_and_patch_on_the_
 
 def test_the_granted_verbs_are_what_the_rollout_target_needs():
     role = next(yaml.safe_load_all(SHIPPED_RBAC.read_text()))
-    obj = next(yaml.safe_load_all((ROOT / "rayjobs" / "serve-gpu.yaml").read_text()))
+    obj = next(yaml.safe_load_all((ROOT / "rayjobs" / "rendered" / "serve-gpu.yaml").read_text()))
     api = KubeApiStandIn(obj, verbs=tuple(role["rules"][0]["verbs"]))
     target = KubeRayService("rayline", obj["metadata"]["name"], obj["metadata"]["namespace"], api=api)
     model = ServedModel(source="s3://m/v2", ref="models:/rayline-small/2", name="rayline-small", version="2")

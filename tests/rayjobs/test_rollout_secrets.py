@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from pipelines.validate import main as validate_cli
 from rayjobs import render, stages
 from tests.rayjobs.shipped_pods import HEAD, SERVE_WORKER, at, pods, shipped
 from rayjobs.cluster_profile import Profile
 from rayjobs.credentials import ADMIN_KEY_FILE, WEBHOOK_SECRET_FILE
 from rayjobs.validate import validate_manifest
-from serve.rollout import load_serve_config
-from serve.rollout_config import Config as RolloutConfig
-from serve.verify import admin_key
+from serve.promotion.rollout import load_serve_config
+from serve.promotion.rollout_config import Config as RolloutConfig
+from serve.promotion.verify import admin_key
 
 ROOT = stages.PROJECT_ROOT
 ROLLOUT = str(ROOT / "configs/rollout/tiny.yaml")
@@ -82,7 +82,7 @@ def test_the_rollout_reads_its_admin_key_where_the_pod_mounts_it(tmp_path, monke
     env = _kubelet(head, tmp_path)
     assert env["RAYLINE_ADMIN_KEY_FILE"] == f"{tmp_path}{ADMIN_KEY_FILE}"
     monkeypatch.setenv("RAYLINE_ADMIN_KEY_FILE", env["RAYLINE_ADMIN_KEY_FILE"])
-    assert admin_key(serve_cfg) == "admin-key-1"  # what serve/verify.py sends on the smoke requests
+    assert admin_key(serve_cfg) == "admin-key-1"  # what serve/promotion/verify.py sends on the smoke requests
 
 
 def test_a_rollout_with_webhook_port_mounts_the_webhook_secret_and_reads_it(tmp_path, monkeypatch, profile):

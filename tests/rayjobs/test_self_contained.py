@@ -75,7 +75,7 @@ def test_a_wheel_carries_the_crds(clone, tmp_path):
     assert install.returncode == 0, install.stdout + install.stderr
     check = ("import sys, yaml; from rayjobs import crd_schema as c; print(c.DEFAULT_CRD_DIR); "
              "sys.exit(len(c.check_schema(next(yaml.safe_load_all(open(sys.argv[1]))))))")
-    result = _python(tmp_path, "-c", check, str(clone / "rayjobs" / "train-tiny.yaml"), path=site)
+    result = _python(tmp_path, "-c", check, str(clone / "rayjobs" / "rendered" / "train-tiny.yaml"), path=site)
     assert result.returncode == 0, result.stdout + result.stderr
     assert Path(result.stdout.strip()) == site / "rayjobs" / "crds" / "v1.7.0"
 

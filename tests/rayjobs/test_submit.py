@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import ConfigError
+from core.config import ConfigError
 from pipelines.submit import dashboard_address, main, submit_stage
 from rayjobs import stages
 

@@ -61,7 +61,7 @@ RAYJOB = {
 SERVE_CONFIG = {
     "proxy_location": "EveryNode", "http_options": {"host": "0.0.0.0", "port": 8000},
     "applications": [{
-        "name": "chat", "route_prefix": "/", "import_path": "serve.app:build_app",
+        "name": "chat", "route_prefix": "/", "import_path": "serve.online.app:build_app",
         "runtime_env": {"env_vars": {"RAYLINE_MODEL": "tiny"}},
         "deployments": [{"name": "LLMServer", "num_replicas": 1,
                          "ray_actor_options": {"num_cpus": 1, "num_gpus": 1, "accelerator_type": "H100"}}],
@@ -96,9 +96,13 @@ def crds():
 def project(tmp_path_factory) -> Path:
     """A stand-in project root with the modules the manifests name, so import checks do not depend on this repo."""
     root = tmp_path_factory.mktemp("project")
-    for pkg, module, body in (("pipelines", "prepare_data", "def main(cfg): ...\n"), ("serve", "app", "def build_app(args): ...\n")):
-        (root / pkg).mkdir()
-        (root / pkg / "__init__.py").write_text("")
+    for pkg, module, body in (("pipelines", "prepare_data", "def main(cfg): ...\n"),
+                              ("serve/online", "app", "def build_app(args): ...\n")):
+        (root / pkg).mkdir(parents=True)
+        for level in (root / pkg, *(root / pkg).parents):
+            if level == root:
+                break
+            (level / "__init__.py").write_text("")
         (root / pkg / f"{module}.py").write_text(body)
     return root
 
@@ -197,7 +201,7 @@ def test_feature_gates_can_be_turned_on(project):
 @pytest.mark.parametrize("edit, path", [
     (lambda c: c["applications"][0].pop("import_path"), "spec.serveConfigV2.applications[0].import_path"),
     (lambda c: c["applications"][0].__setitem__("import_path", "serve.missing_app:build_app"), "spec.serveConfigV2.applications[0].import_path"),
-    (lambda c: c["applications"][0].__setitem__("import_path", "serve.app:build_ap"), "spec.serveConfigV2.applications[0].import_path"),
+    (lambda c: c["applications"][0].__setitem__("import_path", "serve.online.app:build_ap"), "spec.serveConfigV2.applications[0].import_path"),
     (lambda c: c["applications"][0]["deployments"][0].__setitem__("num_replicas", "two"), "spec.serveConfigV2.applications[0].deployments[0].num_replicas"),
     (lambda c: c["applications"][0]["deployments"][0].__setitem__("num_replica", 2), "spec.serveConfigV2.applications[0].deployments[0].num_replica"),
     (lambda c: c["applications"][0]["runtime_env"].__setitem__("piip", ["x"]), "spec.serveConfigV2.applications[0].runtime_env.piip"),

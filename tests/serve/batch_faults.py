@@ -69,8 +69,9 @@ def batch_node_loss(cfg, model_dir: str | Path, output_uri: str, work_dir: Path,
     before the node went."""
     from ray.util.state import list_actors
 
-    from pipelines import registry, stack, stack_faults
-    from pipelines.ray_node import NODE_LABEL
+    from core import registry
+    from stack import faults as stack_faults, lifecycle as stack
+    from core.node_labels import NODE_LABEL
     from serve.batch.pipeline import read_results
     from serve.batch.progress import WrittenRows
     from tests.serve.serving import node_ids_by_label

@@ -14,8 +14,8 @@ import time
 import pytest
 import yaml
 
-from pipelines import registry
-from serve.deploy_target import LocalServe
+from core import registry
+from serve.promotion.deploy_target import LocalServe
 from tests.serve.serving import (SERVED_APP, SERVED_MODEL, SERVED_PREFIX, openai_client, register_fresh,
                                  serve_config_dict)
 

@@ -1,7 +1,7 @@
 """The head's GCS killed under serving load, with its state in Redis (issue 21, faults), written once for the test
 (tests/serve/test_gcs_restart.py) and the benchmark (bench/bench_faults.py).
 
-On a stack with `gcs_redis` (pipelines/gcs_store.py) and three 1-CPU worker nodes, the `tiny` app's two engine
+On a stack with `gcs_redis` (stack/gcs_store.py) and three 1-CPU worker nodes, the `tiny` app's two engine
 replicas run on two of them (the third is room for the rollout's new replicas, which Serve starts before it stops
 old ones), and a bounded, paced loopback load goes through those nodes' own Serve proxies (as a KubeRay RayService's
 serve Service reaches the worker pods; paced, since the head restarts on the same 2 cores and Ray gives its raylet
@@ -68,7 +68,7 @@ class GcsRestart:
 
 def proxy_urls(cfg, replica_nodes: dict[str, str]) -> list[str]:
     """The Serve proxies of the worker nodes that hold the replicas (replica id -> node id)."""
-    from pipelines.ray_node import worker_proxy_port
+    from stack.ray_node import worker_proxy_port
 
     labels = {node: label for label, node in node_ids_by_label(cfg).items()}
     workers = sorted(int(labels[n].removeprefix("worker-")) for n in set(replica_nodes.values()))
@@ -77,7 +77,7 @@ def proxy_urls(cfg, replica_nodes: dict[str, str]) -> list[str]:
 
 def wait_answered(url: str, timeout_s: float, expect_fingerprint: str | None = None) -> bool:
     """Until the app answers a smoke request at `url` (with that fingerprint when given)."""
-    from serve.verify import smoke_request
+    from serve.promotion.verify import smoke_request
     from tests.serve.serving import serving_keys
 
     deadline = time.monotonic() + timeout_s
@@ -97,8 +97,8 @@ def start_head(cfg, attempts: int = 3) -> int:
     """Start the head again, as KubeRay restarts the head pod: again when a start fails (Ray gives the new raylet 30 s
     to register with a GCS that is still reloading, which a loaded 2-core box can exceed), as the kubelet restarts
     a container that exited. Returns how many starts it took."""
-    from pipelines import stack, stack_parts
-    from pipelines.processes import kill_session_and_wait
+    from stack import lifecycle as stack, parts as stack_parts
+    from stack.processes import kill_session_and_wait
 
     failures = []
     for attempt in range(1, attempts + 1):
@@ -133,8 +133,9 @@ def serve_gcs_restart(cfg, model_dir, streams: int = 2, pause_s: float = 1.0, wa
                       after_s: float = 6.0, recover_limit_s: float = 120.0) -> GcsRestart:
     """Run the scenario on the stack `cfg` (gcs_redis on, three 1-CPU worker nodes); the caller's environment must
     point at that stack (stack.env_vars)."""
-    from pipelines import gcs_store, registry, stack, stack_faults
-    from serve.deploy_target import LocalServe
+    from stack import faults as stack_faults, gcs_store, lifecycle as stack
+    from core import registry
+    from serve.promotion.deploy_target import LocalServe
 
     if not (cfg.gcs_redis and cfg.nodes >= 3 and cfg.node_cpus == 1):
         raise ValueError(f"needs gcs_redis=true and three 1-CPU worker nodes, got gcs_redis={cfg.gcs_redis} "

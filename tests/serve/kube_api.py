@@ -1,6 +1,6 @@
 """A stand-in for the Kubernetes API server, for what rayline's RayService target uses of it (issue 20).
 
-No API server can run here, so `KubeRayService` (serve/deploy_target.py) talks to this object in place of
+No API server can run here, so `KubeRayService` (serve/promotion/deploy_target.py) talks to this object in place of
 `kubernetes.client.CustomObjectsApi`. It behaves as the API server does for those calls, not permissively:
 - `get_namespaced_custom_object` returns a copy; an unknown object is a real `ApiException` 404;
 - `patch_namespaced_custom_object` takes a JSON merge patch (RFC 7386: objects merge, `None` deletes, lists and

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pipelines.tiny_model import build_adapter
+from stack.tiny_model import build_adapter
 
 
 def write_adapter(base_dir, out, seed: int | None):
     """A rank-4 PEFT adapter of `base_dir` on q_proj and v_proj: peft's initialisation (lora_B zero: a no-op)
-    when `seed` is None, else random weights from `seed` that change the answers (pipelines/tiny_model.py)."""
+    when `seed` is None, else random weights from `seed` that change the answers (stack/tiny_model.py)."""
     return build_adapter(base_dir, out, seed, rank=4)
 
 
@@ -15,7 +15,7 @@ def register_base_with_adapters(base: str, adapters: str, base_dir, root) -> tup
     """`base_dir` registered as a fresh version of `base` (alias `champion`), and three adapters of it (seeds 1-3) as
     versions 1-3 of `adapters` (version 1 `champion`). Returns the base version and the serving config's `lora`:
     `a` by alias (version 1), `b` pinned to version 2; version 3 (another `a`) waits for a promotion."""
-    from pipelines import registry
+    from core import registry
     from tests.serve.serving import register_fresh
 
     (version,) = register_fresh(base, [(str(base_dir), {})])

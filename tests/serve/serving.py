@@ -1,6 +1,6 @@
 """What the Serve integration tests deploy: the tiny model on the CPU engine, sized for the shared 2-core Ray head.
 
-    serve_config_dict(app, prefix, model)   the serving YAML (serve/serve_config.py) of one test app, with its API keys
+    serve_config_dict(app, prefix, model)   the serving YAML (serve/online/serve_config.py) of one test app, with its API keys
     serving_keys()                          the test stack's API keys (client, admin, and one with a small rate)
     register_fresh(name, [(path, tags)])    the model registered anew in the test stack's MLflow
     ReplicaTimeline(target)                 the app's engine replicas' state changes, polled in a thread
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from pipelines import api_keys, registry
-from pipelines.secret_files import ensure_secret, read_secret
+from core import api_keys, registry
+from core.secret_files import ensure_secret, read_secret
 from serve.batch.tracking import record_figures
 
 # The app tests/serve/conftest.py deploys for the session (test_serve.py, test_llm_hooks.py).
@@ -77,7 +77,7 @@ def http_json(url: str, body: dict | bytes | None = None, api_key: str | None = 
               headers: dict[str, str] | None = None) -> tuple[int, dict]:
     """(status, JSON body) of a GET (no body) or a JSON POST, error statuses included; sent with `api_key` (None: the
     test client key; "": none) and `headers`."""
-    from serve.verify import key_header
+    from serve.promotion.verify import key_header
 
     data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
     key = serving_keys().client if api_key is None else api_key
@@ -316,8 +316,8 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
     stack `cfg` (1-CPU nodes: one replica each); put `streams` loopback streams on it; after `warm_s` lose worker-1
     (`stack_faults.kill_node`) and bring a fresh one back (`stack.up(parts=["nodes"])`, as KubeRay replaces a pod);
     wait until two replicas serve again with the lost one gone, keep the load `warm_s` more, and remove the app."""
-    from pipelines import stack, stack_faults
-    from serve.deploy_target import LocalServe
+    from stack import faults as stack_faults, lifecycle as stack
+    from serve.promotion.deploy_target import LocalServe
 
     (version,) = register_fresh(NODE_LOSS_MODEL, [(str(model_dir), {})])
     registry.set_alias(NODE_LOSS_MODEL, "champion", version)
@@ -351,7 +351,7 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
 def on_worker_nodes(serve_cfg: dict, nodes: int = 2) -> dict:
     """A test app's serving YAML with its two engine replicas pinned to worker nodes 1..`nodes` (1-CPU nodes: one
     replica each; a third node leaves room for a rolling update, whose new replicas start before old ones stop)."""
-    from pipelines.ray_node import NODE_LABEL
+    from core.node_labels import NODE_LABEL
 
     serve_cfg["engine"]["cpus_per_engine"] = 1.0  # one replica fills a 1-CPU worker node
     workers = ",".join(f"worker-{i}" for i in range(1, nodes + 1))
@@ -374,6 +374,6 @@ def deploy(serve_cfg: dict, env: dict[str, str] | None = None) -> None:
 
 def node_ids_by_label(cfg) -> dict[str, str]:
     """`rayline.io/node` label -> node id of the stack's alive nodes."""
-    from pipelines import stack
+    from stack import lifecycle as stack
 
     return {label: node for label, ids in stack.node_ids(cfg).items() for node in ids}

@@ -1,4 +1,4 @@
-"""The gate's adapter checks (serve/adapter_check.py) on real PEFT adapters of the tiny model: a good one passes,
+"""The gate's adapter checks (serve/online/adapter_check.py) on real PEFT adapters of the tiny model: a good one passes,
 and each way an adapter can fail to fit its base, or be served by vLLM 0.32 otherwise than peft applies it, is named
 before any engine sees it. Each refusal is set beside what vLLM's own loader does with the same directory
 (`vllm_loads`: the worker's PEFTHelper and LoRAModel, no engine): it refuses too, or it takes the adapter and would
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from serve.adapter_check import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, CHECKED, REFUSED, SERVED_AS_PEFT, VLLM_INITS,
+from serve.online.adapter_check import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, CHECKED, REFUSED, SERVED_AS_PEFT, VLLM_INITS,
                                  VLLM_LM_HEAD_LORA, adapter_problems, is_adapter)
 
 # The modules vLLM 0.32's worker expects LoRA on for its LlamaForCausalLM (WorkerLoRAManager._load_adapter: the
@@ -324,7 +324,7 @@ def test_lora_on_the_token_embedding_is_refused(copy_of, tiny_model_dir, tmp_pat
     built = tmp_path / "built"
     build(tiny_model_dir, built, target_modules=["embed_tokens", "q_proj"])
     reason = ("vLLM 0.32 takes it only on some architectures, and rayline's fix for LoRA on CPU "
-              "(serve/vllm_cpu_lora.py) does not cover it; target linear layers")
+              "(serve/online/vllm_cpu_lora.py) does not cover it; target linear layers")
     assert adapter_problems(str(built), str(tiny_model_dir), 8) == [
         f"{built}/{ADAPTER_CONFIG}: target_modules ['embed_tokens'] put LoRA on the token embedding: {reason}"]
     broken = copy_of()

@@ -1,5 +1,5 @@
-"""API keys of the OpenAI endpoint: the keys files (pipelines/api_keys.py), the gate in front of the routes
-(serve/api_auth.py), and the session's live app (tests/serve/conftest.py) driven over loopback HTTP with the `openai`
+"""API keys of the OpenAI endpoint: the keys files (core/api_keys.py), the gate in front of the routes
+(serve/online/api_auth.py), and the session's live app (tests/serve/conftest.py) driven over loopback HTTP with the `openai`
 client: no key or a wrong one, caps, a burst over a key's rate, the canary's force header by role, model cards without
 storage paths, and no key in any log line of the test stack.
 
@@ -21,15 +21,15 @@ import httpx
 import openai
 import pytest
 
-from pipelines import api_keys
-from pipelines.api_keys import ApiKey, hash_key
-from pipelines.config import ConfigError, from_dict
-from serve.api_auth import ApiAuth, Gate, KeyStore, Limits, cap_problem
-from serve.app import routes_deployment_name, served_model_of
-from serve.canary import with_canary
-from serve.canary_split import ROUTE_HEADER, STATS_PATH
-from serve.serve_config import AuthConfig
-from serve.serve_config import Config as ServeConfig
+from core import api_keys
+from core.api_keys import ApiKey, hash_key
+from core.config import ConfigError, from_dict
+from serve.online.api_auth import ApiAuth, Gate, KeyStore, Limits, cap_problem
+from serve.online.app import routes_deployment_name, served_model_of
+from serve.promotion.canary import with_canary
+from serve.online.canary_split import ROUTE_HEADER, STATS_PATH
+from serve.online.serve_config import AuthConfig
+from serve.online.serve_config import Config as ServeConfig
 from tests.serve.serving import KEYS_STATE_DIR, LIMITED, free_port, http_json, openai_client, serving_keys
 
 CHAT = {"model": "rayline", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -279,7 +279,7 @@ class StubChallenger(ThreadingHTTPServer):
 
 
 def set_canary(served, canary: dict | None) -> None:
-    """The session app's canary split (as serve/canary.py sets it), waited for until its replica reports it."""
+    """The session app's canary split (as serve/promotion/canary.py sets it), waited for until its replica reports it."""
     target = served["target"]
     app = target.current()
     cfg = from_dict(ServeConfig, app["args"]["config"])

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 from ray.serve.schema import ServeDeploySchema
 
-from pipelines.config import ConfigError, from_dict, load_config
-from serve.app import BUILDER, ServedModel, application_args, render_serve_config, served_model_of
-from serve.serve_config import Config
+from core.config import ConfigError, from_dict, load_config
+from serve.online.app import BUILDER, ServedModel, application_args, render_serve_config, served_model_of
+from serve.online.serve_config import Config
 
 PINNED = ServedModel(source="/ckpt/v3", ref="models:/rayline-tiny/3", name="rayline-tiny", version="3", alias="champion")
 
@@ -53,7 +53,7 @@ def test_cpu_placement_is_fractional_and_fits_a_rolling_update_on_two_cores(cfg)
 @pytest.mark.slow  # imports vLLM through ray.serve.llm
 def test_llm_config_on_cpu_and_gpu(cfg):
     pytest.importorskip("vllm")
-    from serve.app import _llm_config
+    from serve.online.app import _llm_config
 
     llm = _llm_config(cfg, PINNED, {"FROM_APP": "1"})
     assert llm.accelerator_config.kind == "cpu" and llm.accelerator_type is None
@@ -112,7 +112,7 @@ def test_config_errors_name_the_file_and_field(override, field):
 
 def test_adapters_go_in_the_engine_deployment_s_user_config(cfg):
     """Not in `args`: a changed user_config reaches the running replicas (reconfigure) without a restart."""
-    from serve.app import adapters_of
+    from serve.online.app import adapters_of
 
     lora = replace(cfg, lora=from_dict(type(cfg.lora), {"adapters": {"arith": "models:/rayline-tiny-arith@champion"},
                                                          "max_adapters": 3}))

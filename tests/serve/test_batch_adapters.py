@@ -18,10 +18,10 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from pipelines import registry
-from pipelines.config import ConfigError, from_dict
-from serve.adapter_check import ADAPTER_WEIGHTS
-from serve.adapters import AdapterError, lora_engine_kwargs
+from core import registry
+from core.config import ConfigError, from_dict
+from serve.online.adapter_check import ADAPTER_WEIGHTS
+from serve.online.adapters import AdapterError, lora_engine_kwargs
 from serve.batch.config import Config
 from serve.batch.inputs import per_model
 from serve.batch.tracking import EVAL_TAG_PREFIX, TAG_COMPARED
@@ -84,8 +84,9 @@ def job(models, prompts, output_uri: str, adapters: list[str], compare: list[str
 
 @pytest.fixture(scope="module")
 def run(models, prompts, tmp_path_factory):
-    from pipelines.ray_cluster import init_ray
+    from core.ray_cluster import init_ray
     from serve.batch.pipeline import main, read_results
+    from serve.promotion.gate import judge_for
 
     adapters = [ref for ref, _ in models[1].values()]
     out = tmp_path_factory.mktemp("lora-out")
@@ -95,7 +96,7 @@ def run(models, prompts, tmp_path_factory):
     cfg.gate_config = str(out / "gate.yaml")
     init_ray()
     try:
-        result = main(cfg)
+        result = main(cfg, judge_for(cfg.gate_config))
     finally:
         import ray
 
@@ -137,7 +138,7 @@ def test_compare_list_errors_name_the_entry(compare, field):
 
 
 def test_engines_get_the_smallest_rank_vllm_takes_and_room_for_every_adapter():
-    from serve.adapters import Adapter
+    from serve.online.adapters import Adapter
 
     adapters = [Adapter(path="/a", info=None, rank=4), Adapter(path="/b", info=None, rank=12)]
     assert lora_engine_kwargs(adapters) == {"enable_lora": True, "max_lora_rank": 16, "max_loras": 2,

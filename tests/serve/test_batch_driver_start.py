@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from serve import engine as eng
+from serve.online import engine as eng
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,8 +33,8 @@ def test_the_driver_builds_the_plan_without_vllm_torch_or_transformers_model_cod
                       "kv_cache_memory_bytes": 64 * eng.MiB}}
     out = run_python(
         "import sys",
-        "from pipelines.config import from_dict",
-        "from pipelines.ray_cluster import init_ray",
+        "from core.config import from_dict",
+        "from core.ray_cluster import init_ray",
         "from serve.batch.config import Config",
         "from serve.batch.pipeline import engine_processor",
         "init_ray()",

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import from_dict
-from serve import engine as eng
+from core.config import from_dict
+from serve.online import engine as eng
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def test_effective_setup_reads_back_what_the_engine_runs_with(tiny_model_dir):
     script = "\n".join([
         "import asyncio, json",
         "from vllm import AsyncEngineArgs, AsyncLLMEngine",
-        "from serve import engine as eng",
+        "from serve.online import engine as eng",
         "from serve.batch.engine_setup import effective_setup",
         "eng.apply_engine_core_start()",
         "async def main():",

@@ -16,9 +16,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipelines import registry
-from pipelines.config import ConfigError, from_dict, load_config, to_dict
-from serve import engine as eng
+from core import registry
+from core.config import ConfigError, from_dict, load_config, to_dict
+from serve.online import engine as eng
 from serve.batch import metrics, rows
 from serve.batch.config import Config
 from serve.batch.tracking import EVAL_TAG_PREFIX, TAG_MODEL_NAME, TAG_MODEL_VERSION
@@ -86,7 +86,7 @@ def test_unset_max_concurrent_batches_keeps_four_times_max_num_seqs_rows_in_flig
 
 def test_demo_eval_fits_beside_the_serve_app():
     """A second `make demo` evaluates while the first one's Serve app (configs/serve/tiny_cpu.yaml) serves."""
-    from serve.serve_config import Config as ServeConfig
+    from serve.online.serve_config import Config as ServeConfig
 
     cfg = load_config(Config, "configs/batch/eval_tiny.yaml")
     app = load_config(ServeConfig, "configs/serve/tiny_cpu.yaml")
@@ -118,7 +118,7 @@ def test_s3_input_model_and_output_go_through_the_shared_storage(ray_session, s3
     import pyarrow.parquet as pq
     import ray.data
 
-    from pipelines import storage
+    from core import storage
     from serve.batch.inputs import input_format, read_inputs
     from serve.batch.pipeline import read_results, write_results
     from serve.batch.resume import checkpoint_uri, prepare_output
@@ -205,7 +205,7 @@ def input_file(tmp_path_factory, sample_corpus_dir):
 
 @pytest.fixture(scope="module")
 def run(local_stack, registered, input_file, tmp_path_factory):
-    from pipelines.ray_cluster import init_ray
+    from core.ray_cluster import init_ray
     from serve.batch.pipeline import main, read_results
 
     name, _ = registered
@@ -232,8 +232,8 @@ def test_rows_and_errors_by_code_reach_prometheus(run, local_stack):
     """The result tasks' counts, scraped by the stack's Prometheus, add up to the result table."""
     import time
 
-    from pipelines import prometheus
-    from pipelines.stack import env_vars
+    from core import prometheus_query
+    from stack.lifecycle import env_vars
     from serve.batch.inputs import count_input_rows
 
     cfg, result, _, table = run
@@ -243,8 +243,8 @@ def test_rows_and_errors_by_code_reach_prometheus(run, local_stack):
     want = {"done": float(table.num_rows), "errors": {c: float(n) for c, n in result.error_codes.items()}}
     deadline = time.time() + 60
     while True:
-        done = prometheus.query(url, f"sum(ray_rayline_batch_rows_done_total{{{tags}}})")
-        errors = prometheus.query(url, f"sum by (code) (ray_rayline_batch_row_errors_total{{{tags}}})")
+        done = prometheus_query.query(url, f"sum(ray_rayline_batch_rows_done_total{{{tags}}})")
+        errors = prometheus_query.query(url, f"sum by (code) (ray_rayline_batch_row_errors_total{{{tags}}})")
         got = {"done": float(done[0]["value"][1]) if done else 0.0,
                "errors": {e["metric"]["code"]: float(e["value"][1]) for e in errors}}
         if got == want or time.time() > deadline:

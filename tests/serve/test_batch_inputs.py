@@ -11,7 +11,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.config import ConfigError, from_dict
+from core.config import ConfigError, from_dict
 from serve.batch import inputs
 from serve.batch.config import Config
 

@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from pipelines import storage
-from pipelines.config import load_config
+from core import storage
+from core.config import load_config
 from serve.batch.config import Config
 from serve.batch.resume import checkpoint_uri, identity_uri
 
@@ -116,7 +116,7 @@ def test_a_killed_job_started_again_answers_only_the_rest_and_every_row_once(loc
                                                                                tmp_path):
     import ray
 
-    from pipelines.ray_cluster import init_ray
+    from core.ray_cluster import init_ray
     from serve.batch.pipeline import main, read_results
 
     input_path = tmp_path / "prompts.jsonl"

@@ -70,7 +70,7 @@ def test_validator_takes_parquet_rows_as_ray_data_hands_them_to_the_engine_stage
     import pyarrow.parquet as pq
     from ray.llm._internal.batch.stages.base import wrap_preprocess
 
-    from pipelines.config import from_dict
+    from core.config import from_dict
     from serve.batch.config import Config
     from serve.batch.inputs import read_inputs  # the batch stage's reader
 

@@ -29,14 +29,15 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from pipelines import registry
-from pipelines.config import from_dict
-from pipelines.tiny_model import build_tiny_model
-from serve.canary import TAG_CANARY_REASON, TAG_CANARY_STATUS
-from serve.deploy_target import LocalServe
-from serve.rollout import DEPLOYED, ROLLED_BACK, Rollout
-from serve.rollout_config import Config as RolloutConfig
-from serve.serve_config import Config as ServeConfig
+from core import registry
+from core.config import from_dict
+from stack.tiny_model import build_tiny_model
+from serve.promotion.canary import TAG_CANARY_REASON, TAG_CANARY_STATUS
+from serve.promotion.deploy_target import LocalServe
+from serve.promotion.outcome import DEPLOYED, ROLLED_BACK
+from serve.promotion.rollout import Rollout
+from serve.promotion.rollout_config import Config as RolloutConfig
+from serve.online.serve_config import Config as ServeConfig
 from tests.serve.serving import LoadThreads, free_port, openai_client, register_fresh, serve_config_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -156,10 +157,10 @@ def on_kubernetes(rollout, base_url: str, app: str | None = APP, **canary):
     """A RayService holding the module's app as it runs now (`app`; None: without it), the API server stand-in
     (every write validated against the CRD), the operator stand-in that applies it to the real Serve, and a rollout
     (made by `rollout`, the setup's factory) with `target: kubernetes` on it."""
-    from serve.deploy_target import KubeRayService
+    from serve.promotion.deploy_target import KubeRayService
     from tests.serve.kube_api import KubeApiStandIn, OperatorStandIn
 
-    obj = next(d for d in yaml.safe_load_all(open("rayjobs/serve-gpu.yaml")) if d)
+    obj = next(d for d in yaml.safe_load_all(open("rayjobs/rendered/serve-gpu.yaml")) if d)
     obj["metadata"].update(name="rayline-canary", namespace="rayline")
     # The stack's Serve HTTP options, as a RayService's serveConfigV2 carries its cluster's: the operator sends them
     # with the apps, and Serve, started by the first of its PUTs, keeps them.
@@ -194,7 +195,7 @@ def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(s
     MLflow's webhook wakes the watch, the canary runs under load and promotes v2."""
     import mlflow
 
-    from pipelines import mlflow_auth
+    from stack import mlflow_auth
     from tests.serve.mlflow_ui import add_alias_in_ui, browser_missing
 
     if browser_missing():
@@ -271,15 +272,15 @@ def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(s
     assert LocalServe(f"{APP}-challenger").current() is None
     assert run.data.metrics["canary.challenger.requests"] > 0 and run.data.tags["rollout.kind"] == "canary"
     # The replicas' canary metrics reach the stack's Prometheus (the serving dashboard's canary panels).
-    from pipelines import prometheus
-    from pipelines.stack import env_vars
+    from core import prometheus_query
+    from stack.lifecycle import env_vars
 
     url = env_vars(local_stack)["RAYLINE_PROMETHEUS_URL"]
     for expr in (f'sum by (role) (ray_rayline_canary_requests_total{{app="{APP}",mode="live"}})',
                  f'sum by (role) (ray_rayline_canary_ttft_seconds_count{{app="{APP}"}})'):
         deadline = time.time() + 90
-        while {s["metric"]["role"] for s in prometheus.query(url, expr)} != {"champion", "challenger"}:
-            assert time.time() < deadline, f"{expr}: {prometheus.query(url, expr)}"
+        while {s["metric"]["role"] for s in prometheus_query.query(url, expr)} != {"champion", "challenger"}:
+            assert time.time() < deadline, f"{expr}: {prometheus_query.query(url, expr)}"
             time.sleep(2)
 
 

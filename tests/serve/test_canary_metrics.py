@@ -1,4 +1,4 @@
-"""A canary step's figures from Prometheus series (serve/canary_metrics.py): counters grown over the window across
+"""A canary step's figures from Prometheus series (serve/promotion/canary_metrics.py): counters grown over the window across
 every replica's series, and TTFT quantiles as Prometheus's own `histogram_quantile` computes them (checked with
 `promtool test rules`, Prometheus's engine, on the same buckets)."""
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from serve.canary_metrics import histogram_quantile, increase
+from serve.promotion.canary_metrics import histogram_quantile, increase
 
 
 def test_increase_counts_new_and_restarted_series_from_zero():

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from pipelines.config import ConfigError, from_dict
-from serve.canary import judge, load_probe, with_canary
-from serve.canary_split import CHALLENGER, CHAMPION, CanaryState, Event, _sticky_key, side_of, summarize
-from serve.rollout_config import CanaryConfig
+from core.config import ConfigError, from_dict
+from serve.promotion.canary import judge, load_probe, with_canary
+from serve.online.canary_split import CHALLENGER, CHAMPION, CanaryState, Event, _sticky_key, side_of, summarize
+from serve.promotion.rollout_config import CanaryConfig
 
 
 def test_a_user_keeps_its_side_and_only_moves_to_the_challenger_as_the_share_grows():

@@ -12,10 +12,10 @@ import urllib.request
 import pytest
 import yaml
 
-from pipelines.config import load_config
-from serve.app import ServedModel, render_serve_config
-from serve.deploy_target import AppState, DeployError, KubeRayService, LocalServe, dashboard_url, merge_application
-from serve.serve_config import Config
+from core.config import load_config
+from serve.online.app import ServedModel, render_serve_config
+from serve.promotion.deploy_target import AppState, DeployError, KubeRayService, LocalServe, dashboard_url, merge_application
+from serve.online.serve_config import Config
 
 MODEL = ServedModel(source="s3://models/rayline-small/v7", ref="models:/rayline-small/7", name="rayline-small", version="7")
 
@@ -52,7 +52,7 @@ def gpu_cfg() -> Config:
 
 def test_patch_replaces_only_our_app_in_serve_config_v2(gpu_cfg):
     other = {"name": "embeddings", "route_prefix": "/embed", "import_path": "emb.app:build"}
-    old_app = {"name": "rayline", "route_prefix": "/", "import_path": "serve.app:build_app", "args": {"model": None}}
+    old_app = {"name": "rayline", "route_prefix": "/", "import_path": "serve.online.app:build_app", "args": {"model": None}}
     api = FakeCustomObjects(rayservice({"http_options": {"host": "0.0.0.0", "port": 8000},
                                         "applications": [other, old_app]}))
     target = KubeRayService("rayline", "rayline-serve", "ml", api=api)
@@ -240,8 +240,8 @@ def test_local_wrong_or_missing_token_is_refused_by_name(dashboard):
 # generation bumps, 409 on a stale resourceVersion, 403/404/422 as ApiExceptions, writes checked against the CRD.
 
 def shipped_rayservice() -> dict:
-    """The RayService the project renders (rayjobs/serve-gpu.yaml), as `kubectl apply` would have created it."""
-    return next(d for d in yaml.safe_load_all(open("rayjobs/serve-gpu.yaml")) if d)
+    """The RayService the project renders (rayjobs/rendered/serve-gpu.yaml), as `kubectl apply` would have created it."""
+    return next(d for d in yaml.safe_load_all(open("rayjobs/rendered/serve-gpu.yaml")) if d)
 
 
 def serve_apps(api, name: str) -> list[dict]:
@@ -319,7 +319,7 @@ def test_forbidden_and_missing_are_explained(gpu_cfg):
     name = obj["metadata"]["name"]
     read_only = KubeApiStandIn(obj, verbs=("get",))
     with pytest.raises(DeployError, match=r"patch refused: HTTP 403 Forbidden: .*cannot patch resource "
-                                          r"\"rayservices\".*rayjobs/rbac/rollout-rbac.yaml"):
+                                          r"\"rayservices\".*rayjobs/rendered/rbac/rollout-rbac.yaml"):
         KubeRayService("rayline", name, "rayline", api=read_only).apply(render_serve_config(gpu_cfg, MODEL))
     with pytest.raises(DeployError, match=r"RayService rayline/absent .*: get refused: HTTP 404 Not Found: "
                                           r"rayservices.ray.io \"absent\" not found \(no such RayService"):

@@ -15,7 +15,8 @@ import urllib.request
 
 import pytest
 
-from pipelines import mlflow_auth, registry, stack
+from stack import lifecycle as stack, mlflow_auth
+from core import registry
 from tests.serve.serving import SERVED_MODEL, serving_keys
 
 pytestmark = [pytest.mark.slow]
@@ -152,7 +153,7 @@ def unsigned_delivery(signed_with: str = "") -> int:
     another secret."""
     import time
 
-    from serve.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookReceiver, sign
+    from serve.promotion.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookReceiver, sign
 
     called = []
     receiver = WebhookReceiver(SERVED_MODEL, "champion", lambda data, delivery: called.append(delivery),

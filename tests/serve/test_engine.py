@@ -1,4 +1,4 @@
-"""serve/engine.py: how an engine actor starts vLLM's EngineCore (the rest of the engine config is covered by
+"""serve/online/engine.py: how an engine actor starts vLLM's EngineCore (the rest of the engine config is covered by
 the batch and serve tests that use it)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pipelines.config import ConfigError, from_dict
-from serve import engine as eng
+from core.config import ConfigError, from_dict
+from serve.online import engine as eng
 
 
 def engine(**fields) -> eng.EngineConfig:
@@ -31,7 +31,7 @@ def test_engine_core_is_forked_on_cpu_and_spawned_on_gpu_unless_the_config_says(
 
 PROBE = """
 import os
-from serve import engine as eng
+from serve.online import engine as eng
 from vllm.v1.engine import utils
 for start in ("", "fork"):  # in this order: the fork replaces vLLM's lookup for the rest of the process
     if start:

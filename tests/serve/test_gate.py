@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from serve.gate import checkpoint_problems, gate_problems, metric_problems
-from serve.rollout_config import GateConfig
+from serve.promotion.gate import checkpoint_problems, gate_problems, metric_problems
+from serve.promotion.rollout_config import GateConfig
 
 
 def test_metrics_pass_fail_missing_and_not_a_number():

@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from pipelines import gcs_store, stack
-from pipelines.config import from_dict
+from stack import gcs_store, lifecycle as stack
+from core.config import from_dict
 from tests.serve.gcs_faults import serve_gcs_restart
 
 GCS_STACK = {

@@ -1,7 +1,7 @@
 """`ingress: deployment` for real: Ray's OpenAI ingress deployment (`RaylineIngress`) in front of the engine replica,
 deployed with `python -m pipelines.serve` on the test stack. The ingress names the served version in its model cards,
-answers unknown models OpenAI's way, and its replicas run the canary split (serve/canary_split.py) that a canary
-rollout sets in their `user_config` (serve/app.py `routes_deployment_name`). The challenger here is the session's
+answers unknown models OpenAI's way, and its replicas run the canary split (serve/online/canary_split.py) that a canary
+rollout sets in their `user_config` (serve/online/app.py `routes_deployment_name`). The challenger here is the session's
 engine-layout app (tests/serve/conftest.py `served`), another version of another registered model, so each answer's
 `system_fingerprint` says which side gave it. The engine replicas behind the ingress serve LoRA adapters as in the
 engine layout (RaylineServer's adapter set): the ingress routes `rayline:<name>` to them, lists each with its
@@ -17,14 +17,14 @@ import urllib.request
 
 import pytest
 
-from pipelines import registry
-from pipelines.config import from_dict
-from serve.app import INGRESS_DEPLOYMENT, engine_deployment_name, routes_deployment_name
-from serve.canary_split import ROUTE_HEADER, STATS_PATH
-from serve.deploy_target import LocalServe
-from serve.serve_config import Config as ServeConfig
+from core import registry
+from core.config import from_dict
+from serve.online.app import INGRESS_DEPLOYMENT, engine_deployment_name, routes_deployment_name
+from serve.online.canary_split import ROUTE_HEADER, STATS_PATH
+from serve.promotion.deploy_target import LocalServe
+from serve.online.serve_config import Config as ServeConfig
 from tests.serve.lora_adapters import register_base_with_adapters
-from serve.verify import key_header
+from serve.promotion.verify import key_header
 from tests.serve.serving import SERVED_PREFIX, deploy, http_json, openai_client, serve_config_dict, serving_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -82,11 +82,11 @@ def test_the_ingress_names_the_served_version_and_answers_unknown_models_with_a_
 
 
 def canary(ingress_app: dict, challenger_prefix: str, mode: str):
-    """The rollout's canary on this app (serve/canary.py), its challenger at `challenger_prefix`; `_split(share)`
+    """The rollout's canary on this app (serve/promotion/canary.py), its challenger at `challenger_prefix`; `_split(share)`
     sets the split on the deployment that serves the routes and returns once the replicas report it."""
-    from serve.canary import Canary
-    from serve.rollout import Rollout
-    from serve.rollout_config import Config as RolloutConfig
+    from serve.promotion.canary import Canary
+    from serve.promotion.rollout import Rollout
+    from serve.promotion.rollout_config import Config as RolloutConfig
 
     cfg = from_dict(RolloutConfig, {"model": MODEL, "canary": {"steps": [1.0], "mode": mode, "metrics": "replicas",
                                                                "route_prefix": challenger_prefix}})
@@ -152,8 +152,9 @@ def test_the_ingress_routes_each_adapter_and_lists_it_with_its_version(ingress_a
 def test_an_adapter_promoted_behind_the_ingress_swaps_in_place(ingress_app):
     """`champion` on adapter version 3: the rollout sets the new set in the engine deployment's user_config and
     verifies through the ingress; the engine replica stays, and `rayline:a` answers with version 3."""
-    from serve.rollout import DEPLOYED, Rollout
-    from serve.rollout_config import Config as RolloutConfig
+    from serve.promotion.outcome import DEPLOYED
+    from serve.promotion.rollout import Rollout
+    from serve.promotion.rollout_config import Config as RolloutConfig
 
     target = ingress_app["target"]
     replicas = {r["replica_id"] for r in target.replicas() if r["state"] == "RUNNING"}

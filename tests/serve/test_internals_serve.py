@@ -45,7 +45,7 @@ def llm_config(model_id: str = "m"):
 
 
 def test_adapter_set_reads_rays_engine_and_vllms_model_registry():
-    """S1-S2, serve/served_adapters.py `AdapterSet._models` / `_load` / `apply`: Ray's VLLMEngine keeps vLLM's
+    """S1-S2, serve/online/served_adapters.py `AdapterSet._models` / `_load` / `apply`: Ray's VLLMEngine keeps vLLM's
     OpenAIServingModels as `_oai_models` and the engine client as `_engine_client`; OpenAIServingModels keeps the
     name -> LoRARequest dict `lora_requests` (which vLLM's routes read a request's `model` from) and the id counter
     `lora_id_counter` (inc(1) -> int); the engine client's add_lora takes a LoRARequest."""
@@ -67,14 +67,14 @@ def test_adapter_set_reads_rays_engine_and_vllms_model_registry():
 
 
 def test_engine_start_callback_fits_rays_callback_base(monkeypatch):
-    """S3, serve/llm_hooks.py `EngineStartCallback`: ray.llm._internal's CallbackBase takes the callback kwargs as
+    """S3, serve/online/llm_hooks.py `EngineStartCallback`: ray.llm._internal's CallbackBase takes the callback kwargs as
     `self.kwargs`, its ctx's `run_init_node` (True by default) skips the per-node download when False, and Ray's
     VLLMEngine calls `on_before_node_init` and reads `ctx.run_init_node` after it."""
     from ray.llm._internal.common.callbacks.base import CallbackBase
     from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
     from ray.llm._internal.serve.engines.vllm.vllm_models import VLLMEngineConfig
 
-    from serve.llm_hooks import EngineStartCallback
+    from serve.online.llm_hooks import EngineStartCallback
 
     # What the hook changes process-wide, restored after the test.
     monkeypatch.setattr(VLLMEngineConfig, "get_initialization_kwargs", VLLMEngineConfig.get_initialization_kwargs)
@@ -92,11 +92,11 @@ def test_engine_start_callback_fits_rays_callback_base(monkeypatch):
 
 
 def test_model_card_and_openai_error_as_rayline_builds_them():
-    """S4, serve/llm_hooks.py `RaylineIngress.model` / `_get_model_id`: ray.llm._internal's ModelCard validates the
+    """S4, serve/online/llm_hooks.py `RaylineIngress.model` / `_get_model_id`: ray.llm._internal's ModelCard validates the
     card dicts rayline builds, and OpenAIHTTPException takes status_code and message."""
     from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard, OpenAIHTTPException
 
-    from serve.llm_hooks import adapter_card
+    from serve.online.llm_hooks import adapter_card
 
     served = SimpleNamespace(version_of=lambda _: {"name": "a", "version": "1", "label": "a/1", "source": "/a"})
     built = adapter_card({"id": "m:a@a/1", "object": "model", "permission": [], "metadata": {}}, served)
@@ -107,7 +107,7 @@ def test_model_card_and_openai_error_as_rayline_builds_them():
 
 
 def test_model_routes_are_wrapped_on_vllms_and_rays_routes():
-    """S5, serve/llm_hooks.py `add_version_to_model_routes`: vLLM's app has GET /v1/models (endpoint called with the
+    """S5, serve/online/llm_hooks.py `add_version_to_model_routes`: vLLM's app has GET /v1/models (endpoint called with the
     request) and Ray adds GET /v1/models/{model:path} (endpoint called with `model`); both are found, replaced, and
     answer with the served version stamped on the served model's card."""
     from fastapi import FastAPI
@@ -115,7 +115,7 @@ def test_model_routes_are_wrapped_on_vllms_and_rays_routes():
     from ray.llm._internal.serve.core.server.llm_server import _add_openai_models_retrieve_route
     from vllm.entrypoints.openai.models.api_router import attach_router
 
-    from serve.llm_hooks import add_version_to_model_routes
+    from serve.online.llm_hooks import add_version_to_model_routes
 
     app = FastAPI()
     attach_router(app)
@@ -140,7 +140,7 @@ def test_model_routes_are_wrapped_on_vllms_and_rays_routes():
 
 
 def test_rayline_server_and_ingress_overrides_match_rays_classes():
-    """S6-S10, serve/llm_hooks.py `RaylineServer` / `RaylineIngress`: LLMServer keeps `_llm_config` and `engine`
+    """S6-S10, serve/online/llm_hooks.py `RaylineServer` / `RaylineIngress`: LLMServer keeps `_llm_config` and `engine`
     and builds its app in `__serve_build_asgi_app__`; Serve's ASGI wrapper keeps the app as `_asgi_app`; Ray's
     OpenAiIngress keeps `_default_serve_handles` and `_model_cards`, and has the `_get_configured_serve_handle(model_id)`
     and async `_get_model_id(model)` that RaylineIngress overrides."""
@@ -161,7 +161,7 @@ def test_rayline_server_and_ingress_overrides_match_rays_classes():
 
 
 def test_openai_ingress_app_helpers():
-    """S11, serve/llm_hooks.py `openai_ingress_app`: ray.llm._internal's maybe_apply_llm_deployment_config_defaults
+    """S11, serve/online/llm_hooks.py `openai_ingress_app`: ray.llm._internal's maybe_apply_llm_deployment_config_defaults
     merges the options over the defaults, to_model_metadata builds the model card, make_fastapi_ingress wraps the
     ingress class (the same function Ray exports publicly as ray.serve.llm.ingress.make_fastapi_ingress)."""
     from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
@@ -169,7 +169,7 @@ def test_openai_ingress_app_helpers():
     from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
     from ray.serve.llm import ingress as public_ingress
 
-    from serve.llm_hooks import RaylineIngress
+    from serve.online.llm_hooks import RaylineIngress
 
     config = llm_config()
     defaults = RaylineIngress.get_deployment_options([config])
@@ -181,12 +181,12 @@ def test_openai_ingress_app_helpers():
 
 
 def test_engine_core_launcher_looks_up_get_mp_context_in_vllm_v1_engine_utils(monkeypatch):
-    """S13, serve/engine.py `apply_engine_core_start`: vllm.v1.engine.utils.get_mp_context takes no argument and is
+    """S13, serve/online/engine.py `apply_engine_core_start`: vllm.v1.engine.utils.get_mp_context takes no argument and is
     what CoreEngineProcManager (the EngineCore launcher) calls by that module's name, so replacing it there forks
     EngineCore."""
     from vllm.v1.engine import utils as engine_utils
 
-    from serve.engine import ENGINE_CORE_START_ENV, apply_engine_core_start
+    from serve.online.engine import ENGINE_CORE_START_ENV, apply_engine_core_start
 
     assert inspect.signature(engine_utils.get_mp_context).parameters == {}
     assert "context = get_mp_context()" in inspect.getsource(engine_utils.CoreEngineProcManager.__init__)
@@ -197,7 +197,7 @@ def test_engine_core_launcher_looks_up_get_mp_context_in_vllm_v1_engine_utils(mo
 
 
 def test_cpu_lora_fix_wraps_vllms_bgmv_shrink():
-    """S14, serve/vllm_cpu_lora.py `register`: vLLM's CPU LoRA op bgmv_shrink(inputs, lora weights, output, indices,
+    """S14, serve/online/vllm_cpu_lora.py `register`: vLLM's CPU LoRA op bgmv_shrink(inputs, lora weights, output, indices,
     scaling=1.0) is looked up in lora_ops, re-exported by torch_ops and imported by name into punica_cpu (which calls
     it by that name); wrapped, a token whose adapter index is -1 gets zeros."""
     import torch
@@ -205,7 +205,7 @@ def test_cpu_lora_fix_wraps_vllms_bgmv_shrink():
     from vllm.lora.ops.torch_ops import lora_ops
     from vllm.lora.punica_wrapper import punica_cpu
 
-    from serve.vllm_cpu_lora import mask_no_adapter_tokens
+    from serve.online.vllm_cpu_lora import mask_no_adapter_tokens
 
     def unwrapped(fn):  # the plugin may have run in this process already
         return getattr(fn, "__wrapped__", fn)

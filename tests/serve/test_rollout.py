@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines import registry
-from pipelines.config import from_dict
-from pipelines.tiny_model import build_tiny_model
-from serve import rollout_record as rec
-from serve.deploy_target import LocalServe
-from serve.rollout import DEPLOYED, REJECTED, ROLLED_BACK, Rollout
-from serve.rollout_config import Config as RolloutConfig
+from core import registry
+from core.config import from_dict
+from stack.tiny_model import build_tiny_model
+from serve.promotion import rollout_record as rec
+from serve.promotion.deploy_target import LocalServe
+from serve.promotion.outcome import DEPLOYED, REJECTED, ROLLED_BACK
+from serve.promotion.rollout import Rollout
+from serve.promotion.rollout_config import Config as RolloutConfig
 from tests.serve.serving import LoadThreads, openai_client, register_fresh, serve_config_dict, serving_keys
 
 # The module's app is started in the first test's setup, which pytest-timeout counts against that test;
@@ -201,7 +202,7 @@ def test_broken_checkpoint_rolls_back_while_serving_continues(setup):
 
 
 def served_fingerprint(setup) -> str:
-    from serve.verify import smoke_request
+    from serve.promotion.verify import smoke_request
 
     return smoke_request(setup["base_url"], "rayline", "ping", api_key=serving_keys().client)["system_fingerprint"]
 
@@ -209,9 +210,10 @@ def served_fingerprint(setup) -> str:
 def test_forged_promotions_are_refused_while_serving_stays(setup, local_stack, tmp_path):
     """Issue 48's forged promotion and its variants, each promoted while clients use the app: refused with a message
     naming what is wrong, the alias back on v2, v2 answering every request. What serves is decided by eval runs of
-    the exact bytes (serve/gate.py) and the bytes' manifest (pipelines/weights_manifest.py), never by tags."""
-    from pipelines import mlflow_auth, weights_manifest
-    from pipelines.tiny_model import build_tiny_model
+    the exact bytes (serve/promotion/gate.py) and the bytes' manifest (core/weights_manifest.py), never by tags."""
+    from stack import mlflow_auth
+    from core import weights_manifest
+    from stack.tiny_model import build_tiny_model
     from serve.batch.tracking import record_figures
 
     c = registry.client()
@@ -241,7 +243,7 @@ def test_forged_promotions_are_refused_while_serving_stays(setup, local_stack, t
             refused[what] = result
             assert result.status == REJECTED and alias_version() == "2", result.line()
         # 4. A trainer's login may neither register a version of a model that serves nor move its alias: MLflow
-        #    refuses both at the door (pipelines/mlflow_auth.py: only promoters and the rollout write it).
+        #    refuses both at the door (stack/mlflow_auth.py: only promoters and the rollout write it).
         mlflow_auth.provision(registry.tracking_uri(), local_stack.state, [MODEL])
         saved = os.environ.get("RAYLINE_ROLE")
         os.environ["RAYLINE_ROLE"] = "trainer"

@@ -15,9 +15,9 @@ import urllib.request
 
 import pytest
 
-from pipelines import registry
-from serve.app import served_model_of
-from serve.verify import key_header
+from core import registry
+from serve.online.app import served_model_of
+from serve.promotion.verify import key_header
 from tests.serve.serving import SERVED_MODEL, SERVED_PREFIX, http_json, serving_keys
 
 # The app starts in the first test's setup, which pytest-timeout counts against that test.
@@ -103,7 +103,7 @@ def test_openai_client_raises_typed_errors_and_service_stays_healthy(served, cli
 
 def test_the_deployed_app_is_the_rendered_serve_config(served):
     app = served["target"].current()
-    assert app["import_path"] == "serve.app:build_app" and app["route_prefix"] == PREFIX
+    assert app["import_path"] == "serve.online.app:build_app" and app["route_prefix"] == PREFIX
     pinned = served_model_of(app)
     assert (pinned.name, pinned.version, pinned.ref) == (MODEL, served["version"], f"models:/{MODEL}/{served['version']}")
     assert app["args"]["config"]["engine"]["max_model_len"] == 256
@@ -114,24 +114,24 @@ def test_the_deployed_app_is_the_rendered_serve_config(served):
 def test_responses_are_counted_by_version_and_status_in_prometheus(served, client, local_stack):
     """The replica's own counts, through Ray's metrics agent and the stack's real Prometheus; and its served-version
     gauge, set once when the replica started, still exported well after Ray alone would have dropped it (~20-25 s
-    after a gauge was last set): rayline's gauges are re-set while their process lives (pipelines/metrics.py)."""
+    after a gauge was last set): rayline's gauges are re-set while their process lives (core/metrics.py)."""
     import time
 
-    from pipelines import prometheus
-    from pipelines.stack import env_vars
+    from core import prometheus_query
+    from stack.lifecycle import env_vars
     from tests.serve.serving import SERVED_APP
 
     url = env_vars(local_stack)["RAYLINE_PROMETHEUS_URL"]
     labels = f'app="{SERVED_APP}", model="{MODEL}", version="{served["version"]}"'
 
     def counts() -> dict[str, float]:
-        got = prometheus.query(url, f"sum by (code) (ray_rayline_serve_requests_total{{{labels}}})")
+        got = prometheus_query.query(url, f"sum by (code) (ray_rayline_serve_requests_total{{{labels}}})")
         return {s["metric"]["code"]: float(s["value"][1]) for s in got}
 
     # In the suite the app has long been up by now; run alone, this waits. Prometheus drops a series from instant
     # queries at the first scrape that no longer has it, so this reads what the agent exports now.
     time.sleep(max(0.0, served["ready_at"] + 35 - time.time()))
-    assert prometheus.wait_for(url, f"ray_rayline_served_version{{{labels}}} == 1", timeout_s=60)
+    assert prometheus_query.wait_for(url, f"ray_rayline_served_version{{{labels}}} == 1", timeout_s=60)
     # Earlier tests' responses may still be on their way (export ~5 s, scrape every 5 s), so the exact count is
     # taken on a status no other test causes (405: GET on a POST route); 200s are checked to rise by this test's.
     ok_before = counts().get("200", 0)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import registry
-from pipelines.config import from_dict
-from serve.app import render_serve_config, resolve_served_adapters, resolve_served_model
-from serve.deploy_target import LocalServe
-from serve.serve_config import Config as ServeConfig
-from serve.verify import admin_key, key_header, wait_until_answering
+from core import registry
+from core.config import from_dict
+from serve.online.app import render_serve_config, resolve_served_adapters, resolve_served_model
+from serve.promotion.deploy_target import LocalServe
+from serve.online.serve_config import Config as ServeConfig
+from serve.promotion.verify import admin_key, key_header, wait_until_answering
 from tests.serve.lora_adapters import register_base_with_adapters
 from tests.serve.serving import openai_client, serve_config_dict, serving_keys
 
@@ -37,7 +37,7 @@ def app(local_stack, tiny_model_dir, tmp_path_factory):
     """The app serving the base, `a` (adapter version 1, `champion`) and `b` (version 2); version 3 (another `a`)
     is waiting. Deployed as a RayService deploys it: the offline render (`render_serve_config` without a pinned
     model, as in `serveConfigV2`), so the cluster resolves the base's alias when it builds the app and each
-    replica resolves `a`'s alias itself (serve/served_adapters.py). `pipelines.serve`, which pins both before it
+    replica resolves `a`'s alias itself (serve/online/served_adapters.py). `pipelines.serve`, which pins both before it
     deploys, deploys the demo's adapter app (tests/pipelines/test_demo.py)."""
     base_version, lora = register_base_with_adapters(BASE, ADAPTERS, tiny_model_dir,
                                                      tmp_path_factory.mktemp("served-adapters"))
@@ -116,8 +116,8 @@ def test_an_adapter_that_does_not_fit_the_base_is_refused_before_deploying(app, 
 
 
 def rollout_of(app, adapter: str):
-    from serve.rollout import Rollout
-    from serve.rollout_config import Config as RolloutConfig
+    from serve.promotion.rollout import Rollout
+    from serve.promotion.rollout_config import Config as RolloutConfig
 
     cfg = from_dict(RolloutConfig, {"adapter": adapter, "alias": "champion", "gate": {"min_metrics": {}},
                                     "smoke_timeout_s": 60, "deploy_timeout_s": 120})
@@ -127,33 +127,33 @@ def rollout_of(app, adapter: str):
 def test_a_rollback_of_an_unpinned_app_restores_the_previous_version_not_the_alias(app):
     """The app names `a` by its alias; restored as it was after a failed rollout, each replica would resolve the
     alias again, which names the version being rolled back. The rollback pins the version that served."""
-    from serve.app import ServedModel, adapters_of
+    from serve.online.app import ServedModel, adapters_of
 
     current = app["target"].current()
     assert adapters_of(current)["a"] == {"ref": f"models:/{ADAPTERS}@champion"}
     rollout = rollout_of(app, "a")
-    previous = rollout._served(current)  # what the replicas report: `a` resolved to version 1
+    previous = rollout.served(current)  # what the replicas report: `a` resolved to version 1
     assert (previous.name, previous.version) == (ADAPTERS, "1")
-    restored = adapters_of(rollout._pinned(current, previous))
+    restored = adapters_of(rollout.pinned(current, previous))
     assert restored == {"a": {"ref": f"models:/{ADAPTERS}/1"}, "b": {"ref": f"models:/{ADAPTERS}/2"}}
-    assert rollout._pinned(current, ServedModel(source="", ref="x")) == current  # no version known: as it was
+    assert rollout.pinned(current, ServedModel(source="", ref="x")) == current  # no version known: as it was
     # The same for the base: its version read from the replicas' model card, restored pinned to it.
-    from serve.app import served_model_of
-    from serve.rollout import Rollout
-    from serve.rollout_config import Config as RolloutConfig
+    from serve.online.app import served_model_of
+    from serve.promotion.rollout import Rollout
+    from serve.promotion.rollout_config import Config as RolloutConfig
 
     base_rollout = Rollout(from_dict(RolloutConfig, {"alias": "champion", "gate": {"min_metrics": {}}}),
                            serve_cfg=from_dict(ServeConfig, app["cfg"]), target=app["target"])
-    base = base_rollout._served(current)
+    base = base_rollout.served(current)
     assert served_model_of(current) is None and base.label == app["base"]
-    restored = base_rollout._pinned(current, base)
+    restored = base_rollout.pinned(current, base)
     assert served_model_of(restored).label == app["base"] and restored["args"]["config"] == current["args"]["config"]
 
 
 def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request(app, client):
     """`champion` on adapter version 3 rolls it out behind `rayline:a` while requests keep coming: the replica
     stays (same id), no request fails, the new version answers within seconds, and the rollout run records it."""
-    from serve.rollout import DEPLOYED
+    from serve.promotion.outcome import DEPLOYED
 
     target = app["target"]
     replicas = {r["replica_id"] for r in target.replicas() if r["state"] == "RUNNING"}
@@ -194,15 +194,15 @@ def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request
     assert {r["replica_id"] for r in target.replicas() if r["state"] == "RUNNING"} == replicas
     assert ask(client, "rayline:b").model == f"rayline:b@{ADAPTERS}/2"  # the other adapter untouched
     # The replica's adapter gauge says the same: version 3 of `a` at 1, version 1 (superseded) at 0, `b` unchanged.
-    from pipelines import prometheus
-    from pipelines.stack import env_vars
+    from core import prometheus_query
+    from stack.lifecycle import env_vars
 
     url = env_vars(app["stack"])["RAYLINE_PROMETHEUS_URL"]
     expr = f'max by (adapter, version) (ray_rayline_served_adapter_version{{app="{APP}", model="{ADAPTERS}"}})'
     want = {("a", "3"): 1.0, ("a", "1"): 0.0, ("b", "2"): 1.0}
 
     def gauge() -> dict:
-        return {(s["metric"]["adapter"], s["metric"]["version"]): float(s["value"][1]) for s in prometheus.query(url, expr)}
+        return {(s["metric"]["adapter"], s["metric"]["version"]): float(s["value"][1]) for s in prometheus_query.query(url, expr)}
 
     deadline = time.time() + 60
     while gauge() != want and time.time() < deadline:
@@ -212,7 +212,7 @@ def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request
 
 def test_concurrent_requests_each_get_the_model_they_name(app, client):
     """Base and adapter requests in flight together share the engine's batches; each is still answered by the
-    model it names (vLLM 0.32's CPU LoRA gave base tokens the last adapter slot's weights: serve/vllm_cpu_lora.py;
+    model it names (vLLM 0.32's CPU LoRA gave base tokens the last adapter slot's weights: serve/online/vllm_cpu_lora.py;
     after the swap above, that slot holds `a`'s version 3)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -226,8 +226,8 @@ def test_concurrent_requests_each_get_the_model_they_name(app, client):
 
 
 def test_a_broken_adapter_is_refused_at_the_gate_and_the_alias_rolls_back(app, client, tmp_path):
-    from serve.adapter_check import ADAPTER_WEIGHTS
-    from serve.rollout import REJECTED
+    from serve.online.adapter_check import ADAPTER_WEIGHTS
+    from serve.promotion.outcome import REJECTED
 
     served_before = ask(client, "rayline:a").model
     version_before = served_before.rsplit("/", 1)[1]
@@ -250,8 +250,9 @@ def test_a_broken_adapter_is_refused_at_the_gate_and_the_alias_rolls_back(app, c
 def test_a_new_base_the_served_adapters_were_not_trained_on_is_refused_at_the_gate(app, client, tiny_model_dir):
     """Promoting another base version while adapters of version 1 are served: refused before any deploy (the
     adapters would not load onto it), the alias goes back, the app serves on untouched."""
-    from serve.rollout import REJECTED, Rollout
-    from serve.rollout_config import Config as RolloutConfig
+    from serve.promotion.outcome import REJECTED
+    from serve.promotion.rollout import Rollout
+    from serve.promotion.rollout_config import Config as RolloutConfig
 
     with registry.start_run("rayline-tests", "register-second-base") as run:
         mv = registry.register_checkpoint(BASE, str(tiny_model_dir), run_id=run.info.run_id)

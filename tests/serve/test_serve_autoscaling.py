@@ -1,6 +1,6 @@
 """Autoscaling, layers 1 and 2 together (issue 21): a bounded loopback load queues requests, Serve wants a second
-engine replica (serve/serve_config.py AutoscalingConfig, on `target_ongoing_requests`), the head has no room for it,
-so Ray's autoscaler (pipelines/ray_autoscaler.py) launches a worker node, where the replica starts. Once the load
+engine replica (serve/online/serve_config.py AutoscalingConfig, on `target_ongoing_requests`), the head has no room for it,
+so Ray's autoscaler (stack/ray_autoscaler.py) launches a worker node, where the replica starts. Once the load
 stops, the second replica goes after Serve's downscale delay, and the node, idle, goes after the autoscaler's idle
 timeout. The test records when each replica and node appeared and left, and prints it.
 
@@ -19,10 +19,11 @@ import time
 import psutil
 import pytest
 
-from pipelines import registry, stack
-from pipelines.config import from_dict
-from pipelines.ray_autoscaler import AUTOSCALED_LABEL
-from serve.deploy_target import LocalServe
+from core import registry
+from stack import lifecycle as stack
+from core.config import from_dict
+from stack.ray_autoscaler import AUTOSCALED_LABEL
+from serve.promotion.deploy_target import LocalServe
 from tests.serve.serving import ChatLoad, ReplicaTimeline, deploy, register_fresh, serve_config_dict
 
 APP, PREFIX, MODEL = "rayline-test-autoscale", "/autoscale-test", "rayline-autoscale-test"

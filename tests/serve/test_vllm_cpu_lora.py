@@ -1,5 +1,5 @@
 """vLLM on CPU answers a request without an adapter with the base, also when it shares a batch with adapter
-requests (serve/vllm_cpu_lora.py: vLLM 0.32's CPU ops gave such tokens the last adapter slot's weights).
+requests (serve/online/vllm_cpu_lora.py: vLLM 0.32's CPU ops gave such tokens the last adapter slot's weights).
 
 Real vLLM on CPU, in a process of its own with vLLM's own EngineCore process (the plugin must reach it through
 the installed entry point), the tiny model and a random adapter written by peft.
@@ -37,7 +37,7 @@ print("RESULT " + json.dumps({"alone": alone, "adapter": with_adapter, "mixed_ad
 
 def test_the_fix_is_installed_as_a_vllm_plugin():
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert plugins.get("rayline_cpu_lora") == "serve.vllm_cpu_lora:register", plugins
+    assert plugins.get("rayline_cpu_lora") == "serve.online.vllm_cpu_lora:register", plugins
 
 
 @pytest.mark.slow

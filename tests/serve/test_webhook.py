@@ -21,13 +21,14 @@ import mlflow
 import pytest
 import yaml
 
-from pipelines import registry
-from pipelines.config import ConfigError, from_dict
-from serve import rollout_record as rec
-from serve.deploy_target import LocalServe
-from serve.rollout import REJECTED, Rollout
-from serve.rollout_config import Config as RolloutConfig
-from serve.webhook import (DELIVERY_HEADER, MAX_BODY_BYTES, SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookReceiver, sign,
+from core import registry
+from core.config import ConfigError, from_dict
+from serve.promotion import rollout_record as rec
+from serve.promotion.deploy_target import LocalServe
+from serve.promotion.outcome import REJECTED
+from serve.promotion.rollout import Rollout
+from serve.promotion.rollout_config import Config as RolloutConfig
+from serve.promotion.webhook import (DELIVERY_HEADER, MAX_BODY_BYTES, SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookReceiver, sign,
                            signature_problem)
 from tests.serve.mlflow_ui import add_alias_in_ui, browser_missing
 from tests.serve.serving import free_port, register_fresh, serve_config_dict
@@ -196,7 +197,7 @@ def test_an_alias_set_in_mlflow_wakes_the_watching_rollout_at_once(set_in, local
                 registry.client().delete_webhook(h.webhook_id)
     ((result,),) = done
     assert woke_after < POLL_S / 2, (f"{woke_after:.1f}s: the poll, not MLflow's webhook call, ran the rollout (an MLflow "
-                                     "server started without pipelines/stack.py's MLFLOW_WEBHOOK_ENV does not call loopback)")
+                                     "server started without stack/lifecycle.py's MLFLOW_WEBHOOK_ENV does not call loopback)")
     assert result.status == REJECTED and result.version == version, result.line()
     assert "eval.exact_match=0.1 < 0.5" in result.reason and "no earlier version" in result.reason
     tags = registry.client().get_model_version(MODEL, version).tags

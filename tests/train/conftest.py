@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import dump_yaml, load_config
+from core.config import dump_yaml, load_config
 from train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ class History:
     """MLflow metric histories of a run."""
 
     def __init__(self):
-        from pipelines import registry
+        from core import registry
 
         self.client = registry.client()
 

@@ -42,7 +42,7 @@ def test_newest_complete_checkpoint_wins_and_partial_ones_are_skipped(tmp_path):
 def test_listing_works_on_s3(s3_bucket):
     import pyarrow.fs as pafs
 
-    from pipelines import storage
+    from core import storage
 
     run = f"{s3_bucket}/checkpoint-scan-{uuid.uuid4().hex[:8]}"
     fs, path = storage.resolve(run)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from pipelines.config import ConfigError
+from core.config import ConfigError
 from train.config import ModelConfig
 from train.fsdp import build_sharded_model, decoder_layers
 

@@ -19,8 +19,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from data.prepared import COLUMNS, load_manifest
-from pipelines import registry, storage
-from pipelines.config import ConfigError, from_dict, load_config
+from core import registry, storage
+from core.config import ConfigError, from_dict, load_config
+from tests.train.fault_injector import fault_env
 from train.checkpoint import TrainerState, load_checkpoint, newest_trainer_state, save_checkpoint
 from train.config import LoraConfig, OptimConfig, TrainConfig
 from train.export import export_model
@@ -170,7 +171,7 @@ def lora_run(make_train_config, run_stage, s3_bucket, base_in_registry, tmp_path
     cfg = make_train_config(*LORA, f"model.path=models:/{name}@base", "checkpoint.max_failures=1",
                             storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
     marker = tmp_path_factory.mktemp("lora-fault") / "fired"
-    failed = run_stage("train", cfg, env={"RAYLINE_FAULT_AT_STEP": "5,8", "RAYLINE_FAULT_MARKER": str(marker)})
+    failed = run_stage("train", cfg, env=fault_env(at="5,8", marker=marker))
     run_id = registry.find_run(cfg.mlflow.experiment, cfg.run_name)
     between = {"status": registry.client().get_run(run_id).info.status if run_id else None,
                "newest": newest_trainer_state(storage.join(cfg.checkpoint.storage_path, cfg.run_name))}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import registry, storage
-from pipelines.config import ConfigError
+from core import registry, storage
+from core.config import ConfigError
 from train.preflight import plan_run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlflow
 
-from pipelines import registry
+from core import registry
 from train.tracking import MetricLogger
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from train.config import TrainConfig
 from train.tune_config import TuneConfig, trial_config
 

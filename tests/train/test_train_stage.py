@@ -22,9 +22,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from data.prepared import COLUMNS, load_manifest
-from pipelines import registry, stack, stack_faults, storage
-from pipelines.config import config_hash
-from pipelines.ray_node import NODE_LABEL
+from core import registry, storage
+from stack import faults as stack_faults, lifecycle as stack
+from core.config import config_hash
+from core.node_labels import NODE_LABEL
+from tests.train.fault_injector import fault_env
 from train.checkpoint import newest_trainer_state
 from train.packed_batch import forward_loss_sum, loss_tokens
 
@@ -66,8 +68,7 @@ def faulted(make_train_config, start_stage, s3_bucket, worker_nodes, tmp_path_fa
     and a fresh node then joins under the same label, as KubeRay replaces a lost pod."""
     marker = tmp_path_factory.mktemp("fault") / "fired"
     cfg = make_train_config(*ON_WORKER_NODES, storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
-    started = start_stage("train", cfg, env={"RAYLINE_FAULT_AT_STEP": "8", "RAYLINE_FAULT_KIND": "node",
-                                             "RAYLINE_FAULT_MARKER": str(marker)})
+    started = start_stage("train", cfg, env=fault_env(at="8", marker=marker, kind="node"))
     deadline = time.monotonic() + 900
     while not marker.exists() and started.proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -199,18 +200,18 @@ def test_faulted_run_is_visible_in_prometheus(faulted, history, local_stack):
     """Rank 0's metrics of both attempts, scraped by the stack's Prometheus: one restart, every step, a real MFU."""
     import time
 
-    from pipelines import prometheus
-    from pipelines.stack import env_vars
+    from core import prometheus_query
+    from stack.lifecycle import env_vars
 
     result = faulted[1]
     url = env_vars(local_stack)["RAYLINE_PROMETHEUS_URL"]
     run = f'run="{result.mlflow_run_id}"'
 
     def peak(expr: str) -> float:
-        series = prometheus.query_range(url, expr, time.time() - 1800, time.time())
+        series = prometheus_query.query_range(url, expr, time.time() - 1800, time.time())
         return max(float(v) for s in series for _, v in s["values"]) if series else float("nan")
 
-    restarts = prometheus.wait_for(url, f"sum(ray_rayline_train_restarts_total{{{run}}})", timeout_s=60)
+    restarts = prometheus_query.wait_for(url, f"sum(ray_rayline_train_restarts_total{{{run}}})", timeout_s=60)
     assert float(restarts[0]["value"][1]) == 1.0  # the one resume after the node was lost
     assert peak(f"max(ray_rayline_train_step{{{run}}})") == TOTAL_STEPS
     assert peak(f"max(ray_rayline_train_steps_planned{{{run}}})") == TOTAL_STEPS

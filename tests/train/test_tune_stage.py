@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines import registry
-from pipelines.config import load_config
+from core import registry
+from core.config import load_config
 from train.tune_config import TuneConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_trials_asha_stopped_close_killed_and_failed_trials_stay_failed(ray_sess
 
         from ray import tune
 
-        from pipelines import registry as trial_registry
+        from core import registry as trial_registry
 
         ending = config["ending"]
         client = trial_registry.client()  # logs in as the driver's role, as the train stage's trials do

@@ -1,0 +1,1 @@
+"""The library every stage uses: configs, storage, the MLflow registry, metrics, Ray connection, secrets."""

@@ -1,0 +1,1 @@
+"""The promotion control plane: the gate, rollout, canary, deploy targets, webhook and verification."""

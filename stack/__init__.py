@@ -1,0 +1,1 @@
+"""The local platform: the embedded stack (Ray nodes, MLflow, S3, Prometheus, Redis), and the tiny model and corpus the demo and tests build. Used by entry points, the demo and tests; never by stage code."""
