@@ -10,13 +10,11 @@ routes). `id` is what logs and metrics may name; the key itself never appears th
 `auth.keys_file`, else $RAYLINE_API_KEYS_FILE, names the file (serve/online/api_auth.py reads it in each replica); on
 Kubernetes it is the Secret `rayline-openai-keys` (key `keys.json`) mounted at /var/run/secrets/rayline/openai.
 
-    python -m core.api_keys add --keys-file F --id ID [--role admin] [--rpm N] [--max-concurrent M]
-        prints a new key once, and adds its hash to F (an entry with the same id is replaced: a rotation)
+Its command line is pipelines/api_keys.py (`rayline keys add ...`).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -155,7 +153,7 @@ def stack_keys(state_dir: str | Path) -> StackKeys:
 def create_stack_keys(state_dir: str | Path, extra: list[ApiKey] | tuple[ApiKey, ...] = ()) -> StackKeys:
     """A local stack's keys: a client key and an admin key (each 0600, made once and kept), and the keys file the app
     reads with their hashes (STACK_LIMITS) and `extra` (e.g. a test's own keys). Idempotent; entries of the keys file
-    under other ids (added with `python -m core.api_keys add`) are kept."""
+    under other ids (added with `python -m pipelines.api_keys add`) are kept."""
     where = stack_keys(state_dir)
     for role, path in (("client", where.client_key_file), ("admin", where.admin_key_file)):  # each key's id is its role
         add_key(where.keys_file, ApiKey.of(role, ensure_secret(path), role, **STACK_LIMITS))
@@ -192,23 +190,3 @@ def admin_key(path: str = "") -> str:
     if not key:
         raise ValueError(f"admin API key file {path} is empty")
     return key
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Add (or rotate) an API key of the OpenAI endpoint in a keys file")
-    p.add_argument("command", choices=["add"])
-    p.add_argument("--keys-file", required=True, help="the keys file (JSON of hashes), created when absent")
-    p.add_argument("--id", required=True, help="the key's name in logs and metrics; an entry with it is replaced")
-    p.add_argument("--role", choices=ROLES, default="client")
-    p.add_argument("--rpm", type=int, default=600, help="requests per minute (per replica)")
-    p.add_argument("--max-concurrent", type=int, default=64, help="requests in flight at once (per replica)")
-    args = p.parse_args(argv)
-    key = new_key()
-    entry = ApiKey.of(args.id, key, args.role, requests_per_minute=args.rpm, max_concurrent=args.max_concurrent)
-    add_key(args.keys_file, entry)
-    print(key)  # the only time it is shown: give it to the client; the file holds its hash
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

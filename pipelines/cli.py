@@ -54,6 +54,7 @@ COMMANDS = {
     "render": Command("pipelines.render", "main", "render a stage as a KubeRay RayJob/RayService, validated offline"),
     "validate": Command("pipelines.validate", "main", "check KubeRay manifests offline (schemas, operator rules)"),
     "submit": Command("pipelines.submit", "main", "submit a stage to a Ray cluster through the Jobs API"),
+    "keys": Command("pipelines.api_keys", "main", "add or rotate an API key of the OpenAI endpoint"),
     # post-train (#51): once its stage is in rayjobs/stages.py STAGES, one row here:
     # "post-train": _stage("post_train", "main", "post-training stage: ..."),
 }

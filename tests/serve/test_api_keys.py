@@ -23,6 +23,7 @@ import pytest
 
 from core import api_keys
 from core.api_keys import ApiKey, hash_key
+from pipelines import api_keys as keys_cli
 from core.config import ConfigError, from_dict
 from serve.online.api_auth import ApiAuth, Gate, KeyStore, Limits, cap_problem
 from serve.online.app import routes_deployment_name, served_model_of
@@ -67,7 +68,7 @@ def test_stack_keys_are_private_files_made_once_and_kept(tmp_path):
 def test_the_cli_prints_a_new_key_once_and_stores_only_its_hash(tmp_path, capsys):
     path = tmp_path / "keys.json"
     for _ in range(2):  # the second time a rotation: the same id, a new key
-        assert api_keys.main(["add", "--keys-file", str(path), "--id", "ops", "--role", "admin", "--rpm", "60"]) == 0
+        assert keys_cli.main(["add", "--keys-file", str(path), "--id", "ops", "--role", "admin", "--rpm", "60"]) == 0
     key = capsys.readouterr().out.split()[-1]
     (entry,) = api_keys.read_keys_file(path)
     assert (entry.id, entry.role, entry.requests_per_minute, entry.sha256) == ("ops", "admin", 60, hash_key(key))
