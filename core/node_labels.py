@@ -8,15 +8,18 @@ NODE_LABEL = "rayline.io/node"
 
 def check_node_labels(labels: dict, field: str) -> None:
     """A config's `node_labels` (label -> Ray label-selector value: `v`, `!v`, `in(a,b)`, `!in(a,b)`), checked
-    by Ray's own validator; a ConfigError names `<field>.<label>`."""
+    by Ray's own validator (through the public `RayActorOptionsSchema`); a ConfigError names `<field>.<label>`."""
     from core.config import require
 
     if not labels:
         return
-    from ray._private.label_utils import validate_label_selector
+    import pydantic
+    from ray.serve.schema import RayActorOptionsSchema  # public; it runs Ray's own label-selector validator
 
     for key, value in labels.items():
         require(isinstance(value, str) and bool(value.strip()), f"{field}.{key}",
                 f"must be a selector string such as 'worker-1' or 'in(a,b)', got {value!r}")
-        error = validate_label_selector({key: value})
-        require(error is None, f"{field}.{key}", str(error))
+        try:
+            RayActorOptionsSchema(label_selector={key: value})
+        except pydantic.ValidationError as e:
+            require(False, f"{field}.{key}", e.errors()[0]["msg"].removeprefix("Value error, "))

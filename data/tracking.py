@@ -7,7 +7,6 @@ MLflow is optional for this stage: without MLFLOW_TRACKING_URI set, the run is s
 from __future__ import annotations
 
 import os
-import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -49,10 +48,16 @@ def metrics_of(manifest: dict, wall_s: float) -> dict[str, float]:
     return metrics
 
 
+def dataset_source(uri: str):
+    """The MLflow dataset source of a prepared version's URI (local path or s3://), from mlflow.data.sources."""
+    from mlflow.data.sources import LocalArtifactDatasetSource, S3ArtifactDatasetSource
+
+    return S3ArtifactDatasetSource(uri) if uri.startswith("s3://") else LocalArtifactDatasetSource(uri)
+
+
 def log_outcome(manifest: dict, manifest_uri: str, wall_s: float) -> None:
     """Metrics for the counts, and the prepared version as an MLflow dataset input (source = output URI)."""
     import mlflow
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.types import ColSpec, DataType, Schema
     from mlflow.types.schema import Array
@@ -61,10 +66,7 @@ def log_outcome(manifest: dict, manifest_uri: str, wall_s: float) -> None:
     version_uri = manifest_uri.rsplit("/", 1)[0]
     schema = Schema([ColSpec(Array(DataType.integer), name) for name in
                      ("input_ids", "labels", "position_ids", "segment_ids")])
-    with warnings.catch_warnings():
-        # A local path matches MLflow's local source twice over; it says so, and picks the right one.
-        warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(version_uri)
+    source = dataset_source(version_uri)
     dataset = MetaDataset(source=source, name=f"rayline-{manifest['version']}", digest=manifest["version"], schema=schema)
     mlflow.log_input(dataset, context="prepared")
     mlflow.set_tags({"rayline.dataset_rows": str(manifest["splits"]["train"]["rows"]),

@@ -119,6 +119,7 @@ class RaylineServer(LLMServer):
 
             await asyncio.to_thread(check_pinned_bytes, self._rayline)
         await super().__init__(llm_config, **kwargs)
+        self._model_id = llm_config.model_id  # kept here: LLMServer's own copy of the config is private
         from serve.online.canary_split import CanaryState
 
         self._canary = CanaryState({"app": served_tags(llm_config.model_id, self._rayline)["app"]})
@@ -152,8 +153,8 @@ class RaylineServer(LLMServer):
 
     async def __serve_build_asgi_app__(self):
         app = await super().__serve_build_asgi_app__()
-        add_version_to_model_routes(app, self._llm_config.model_id, self._rayline, self._adapters)
-        return add_rayline_middleware(app, self._llm_config.model_id, self._rayline, self._canary,
+        add_version_to_model_routes(app, self._model_id, self._rayline, self._adapters)
+        return add_rayline_middleware(app, self._model_id, self._rayline, self._canary,
                                       self._request_metrics, self._gate)
 
 
@@ -225,6 +226,9 @@ class RaylineIngress(OpenAiIngress):
         self._rayline = dict(rayline or {})
         self._request_metrics = request_metrics
         (self._model_id,) = model_cards  # rayline's app serves one model
+        # Kept here from the arguments, not read back from the parent's private attributes.
+        self._engine_handle = llm_deployments[self._model_id]
+        self._served_ids = sorted(model_cards)
         self._canary = CanaryState({"app": served_tags(self._model_id, self._rayline)["app"]})
 
     async def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -242,7 +246,7 @@ class RaylineIngress(OpenAiIngress):
         return model_id.startswith(f"{self._model_id}:")
 
     async def _adapter_cards(self) -> list[dict[str, Any]]:
-        return await self._default_serve_handles[self._model_id].adapter_cards.remote()
+        return await self._engine_handle.adapter_cards.remote()
 
     async def model(self, model_id: str) -> Optional[ModelCard]:
         if self._is_adapter(model_id):
@@ -270,7 +274,7 @@ class RaylineIngress(OpenAiIngress):
         except HTTPException as e:
             raise OpenAIHTTPException(
                 status_code=e.status_code,
-                message=f"{e.detail} Available models: {', '.join(sorted(self._model_cards))}.",
+                message=f"{e.detail} Available models: {', '.join(self._served_ids)}.",
             ) from None  # Ray's error handler names the type after the exception class, whatever `type` says
 
 
@@ -281,9 +285,9 @@ def openai_ingress_app(llm_config, engine, options: dict[str, Any], **ingress_kw
     bind arguments; rayline's engine replicas are RaylineServer, which needs them (the pinned version, the adapter
     settings)."""
     from ray import serve
+    from ray.serve.llm.ingress import make_fastapi_ingress
     from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
     from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
-    from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
 
     merged = maybe_apply_llm_deployment_config_defaults(RaylineIngress.get_deployment_options([llm_config]), options)
     model_id = llm_config.model_id

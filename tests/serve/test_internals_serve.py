@@ -140,20 +140,20 @@ def test_model_routes_are_wrapped_on_vllms_and_rays_routes():
 
 
 def test_rayline_server_and_ingress_overrides_match_rays_classes():
-    """S6-S10, serve/online/llm_hooks.py `RaylineServer` / `RaylineIngress`: LLMServer keeps `_llm_config` and `engine`
-    and builds its app in `__serve_build_asgi_app__`; Serve's ASGI wrapper keeps the app as `_asgi_app`; Ray's
-    OpenAiIngress keeps `_default_serve_handles` and `_model_cards`, and has the `_get_configured_serve_handle(model_id)`
-    and async `_get_model_id(model)` that RaylineIngress overrides."""
+    """S7, S9, S10, serve/online/llm_hooks.py `RaylineServer` / `RaylineIngress`: LLMServer keeps `engine` and builds
+    its app in `__serve_build_asgi_app__`; Serve's ASGI wrapper keeps the app as `_asgi_app`; Ray's OpenAiIngress has
+    the `_get_configured_serve_handle(model_id)` and async `_get_model_id(model)` that RaylineIngress overrides, and
+    takes `llm_deployments` and `model_cards` (kept by RaylineIngress itself) as its first arguments."""
     from ray.serve._private.http_util import ASGIAppReplicaWrapper
     from ray.serve._private.replica import SERVE_BUILD_ASGI_APP_METHOD
     from ray.serve.llm import LLMServer
     from ray.serve.llm.ingress import OpenAiIngress
 
-    assert {"_llm_config", "engine"} <= self_attributes(LLMServer)
+    assert "engine" in self_attributes(LLMServer)
+    assert params(OpenAiIngress.__init__)[:2] == ["llm_deployments", "model_cards"]
     assert SERVE_BUILD_ASGI_APP_METHOD == "__serve_build_asgi_app__"
     assert inspect.iscoroutinefunction(LLMServer.__serve_build_asgi_app__)
     assert "_asgi_app" in self_attributes(ASGIAppReplicaWrapper)
-    assert {"_default_serve_handles", "_model_cards"} <= self_attributes(OpenAiIngress)
     assert params(OpenAiIngress._get_configured_serve_handle) == ["model_id"]
     assert inspect.iscoroutinefunction(OpenAiIngress._get_model_id) and params(OpenAiIngress._get_model_id) == ["model"]
     for name in ("model", "models"):
@@ -162,12 +162,11 @@ def test_rayline_server_and_ingress_overrides_match_rays_classes():
 
 def test_openai_ingress_app_helpers():
     """S11, serve/online/llm_hooks.py `openai_ingress_app`: ray.llm._internal's maybe_apply_llm_deployment_config_defaults
-    merges the options over the defaults, to_model_metadata builds the model card, make_fastapi_ingress wraps the
-    ingress class (the same function Ray exports publicly as ray.serve.llm.ingress.make_fastapi_ingress)."""
+    merges the options over the defaults, to_model_metadata builds the model card (make_fastapi_ingress, which wraps
+    the ingress class, is imported from its public home, ray.serve.llm.ingress)."""
     from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
     from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard, to_model_metadata
-    from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
-    from ray.serve.llm import ingress as public_ingress
+    from ray.serve.llm.ingress import make_fastapi_ingress
 
     from serve.online.llm_hooks import RaylineIngress
 
@@ -177,7 +176,6 @@ def test_openai_ingress_app_helpers():
     assert merged["num_replicas"] == 2 and merged["ray_actor_options"]["num_cpus"] == 0.5
     assert isinstance(to_model_metadata("m", config), ModelCard)
     assert issubclass(make_fastapi_ingress(RaylineIngress), RaylineIngress)
-    assert public_ingress.make_fastapi_ingress is make_fastapi_ingress
 
 
 def test_engine_core_launcher_looks_up_get_mp_context_in_vllm_v1_engine_utils(monkeypatch):

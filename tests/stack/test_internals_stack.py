@@ -69,21 +69,6 @@ def test_node_free_cpus_reads_rays_per_node_availability():
     assert "resources_available" in source and "available_resources_by_id[node_id]" in source
 
 
-def test_node_labels_are_checked_by_rays_validator():
-    """P4, core/node_labels.py `check_node_labels`: ray._private.label_utils.validate_label_selector returns None
-    for a selector Ray accepts and a message for one it refuses."""
-    from ray._private.label_utils import validate_label_selector
-
-    from core.config import ConfigError
-    from core.node_labels import check_node_labels
-
-    for value in ("worker-1", "!worker-1", "in(worker-1,worker-2)", "!in(a,b)"):
-        assert validate_label_selector({"rayline.io/node": value}) is None, value
-    assert isinstance(validate_label_selector({"rayline.io/node": "in(a,"}), str)
-    with pytest.raises(ConfigError, match=r"node_labels\.rayline\.io/node"):
-        check_node_labels({"rayline.io/node": "in(a,"}, "node_labels")
-
-
 def test_ray_start_is_run_in_process_with_its_lookups_replaced():
     """P5-P8, stack/ray_node.py `main`: ray.scripts.scripts.main runs Ray's click CLI; `ray start` looks up
     ray_constants.ENABLE_RAY_CLUSTER, services.find_gcs_addresses and services.get_node_ip_address through their
