@@ -29,6 +29,7 @@ rollout run from a laptop against a remote cluster): metrics describe work done 
 from __future__ import annotations
 
 import threading
+import os
 import time
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 REFRESH_S = 5.0
 """How often this process re-sets its gauges (Ray drops a gauge not set for ~2 report intervals)."""
 REPORT_INTERVAL_MS = 2000
+RAY_DEFAULT_REPORT_INTERVAL_MS = 10_000  # ray_config_def.h metrics_report_interval_ms
 """`RAY_metrics_report_interval_ms` of processes that must flush before they end (Train workers)."""
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 """Close enough at the low end for a canary step's TTFT p50/p99 ratios (serve/promotion/canary_metrics.py interpolates)."""
@@ -190,14 +192,18 @@ def observe(name: str, value: float, **tags) -> None:
         _metric(name).observe(float(value), tags=tags)
 
 
+def report_interval_s() -> float:
+    """This process's metrics report interval: RAY_metrics_report_interval_ms, which rayline sets on the processes
+    that flush (train/trainer.py `worker_env`, serve/online/app.py REPLICA_METRICS_ENV), else Ray's default, 10 s."""
+    return int(os.environ.get("RAY_metrics_report_interval_ms", RAY_DEFAULT_REPORT_INTERVAL_MS)) / 1000
+
+
 def flush() -> float:
     """Wait until Ray has reported this process's metrics once since the last record (a report interval after
     it, plus a margin); returns the seconds waited. For processes that are killed rather than exit."""
     if _last_recorded is None or not _connected():
         return 0.0
-    from ray._raylet import Config
-
-    wait = _last_recorded + Config.metrics_report_interval_ms() / 1000 + 1.0 - time.monotonic()
+    wait = _last_recorded + report_interval_s() + 1.0 - time.monotonic()
     if wait > 0:
         time.sleep(wait)
     return max(0.0, wait)

@@ -28,7 +28,7 @@ from pathlib import Path
 from core import api_keys
 from stack import gcs_store, mlflow_auth, objectstore, parts as stack_parts, prometheus
 from core.config import ConfigError, apply_overrides, from_dict, to_dict
-from stack.processes import kill_session_and_wait, pid_alive, ray_session_dir
+from stack.processes import kill_session_and_wait, pid_alive
 from core.node_labels import NODE_LABEL
 from stack.ray_node import alive_nodes, worker_node_name, worker_node_ports
 from core.secret_files import ensure_secret, private_dir
@@ -189,10 +189,6 @@ def up(cfg: StackConfig, parts: Iterable[str] | None = None) -> dict:
         mlflow_auth.provision(f"http://127.0.0.1:{cfg.mlflow_port}", state, cfg.production_models)
     if "s3" in specs:
         objectstore.ensure_bucket(state, cfg.bucket, cfg.s3_port)
-    if "prometheus" in specs and "ray-head" in data["pids"]:
-        session = ray_session_dir([data["pids"]["ray-head"]])
-        if session:
-            prometheus.link_ray_targets(state, session)
     return {"started": started, "state_dir": str(state), "notes": notes}
 
 

@@ -159,7 +159,7 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
                           for i in range(1, cfg.nodes + 1)]
     if runs_prometheus(cfg):
         out["prometheus"] = [("prometheus", prometheus.prepare(st, cfg.prometheus_port, cfg.mlflow_port,
-                                                                 cfg.scrape_interval_s), {})]
+                                                                 cfg.scrape_interval_s, cfg.ray_temp_dir), {})]
     return out
 
 

@@ -45,22 +45,6 @@ def session_members(sid: int) -> list[int]:
     return pids
 
 
-def ray_session_dir(pids: Iterable[int]) -> str | None:
-    """The session dir of the Ray node started by `ray start` in the process session `pid` (from its processes'
-    `--session-dir=` arguments), or None while it is still starting."""
-    for sid in pids:
-        for pid in session_members(sid):
-            try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            for arg in args:
-                for flag in (b"--session-dir=", b"--session_dir="):
-                    if arg.startswith(flag):
-                        return arg[len(flag):].decode()
-    return None
-
-
 def kill_session(sid: int, spare: Iterable[int] = ()) -> int:
     """SIGKILL every process in session `sid` but those in `spare`; returns how many were signalled."""
     killed = 0

@@ -14,7 +14,6 @@ Its HTTP API client is core/prometheus_query.py.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import urllib.request
@@ -28,7 +27,9 @@ RULES = OBSERVABILITY / "prometheus" / "alerts.yml"
 DASHBOARDS = OBSERVABILITY / "grafana" / "dashboards"
 # Grafana's own variables in the dashboards' queries, and what they become in a plain Prometheus query.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
-RAY_SD_FILE = "prom_metrics_service_discovery.json"  # ray._private.ray_constants.PROMETHEUS_SERVICE_DISCOVERY_FILE
+RAY_SD_FILE = "prom_metrics_service_discovery.json"
+"""The file in Ray's temp dir that Ray keeps listing every node's metrics agent (the path Ray's documented
+Prometheus set-up and its shipped prometheus.yml name: `/tmp/ray/prom_metrics_service_discovery.json` by default)."""
 _APT = "apt-get install prometheus"
 
 
@@ -44,15 +45,16 @@ def folder(state: Path) -> Path:
     return state / "prometheus"
 
 
-def scrape_config(state: Path, port: int, mlflow_port: int, interval_s: float) -> dict:
-    """The server's config: Ray's nodes through Ray's own discovery file, MLflow, itself; the alert rules."""
+def scrape_config(state: Path, port: int, mlflow_port: int, interval_s: float, ray_temp_dir: Path) -> dict:
+    """The server's config: Ray's nodes through Ray's own discovery file in its temp dir (Ray rewrites it as nodes
+    join and leave; Prometheus re-reads it every interval), MLflow, itself; the alert rules."""
     every = f"{interval_s:g}s"
     return {
         "global": {"scrape_interval": every, "evaluation_interval": every},
         "rule_files": [str(RULES)],
         "scrape_configs": [
             {"job_name": "ray",
-             "file_sd_configs": [{"files": [str(folder(state) / "ray_nodes.json")], "refresh_interval": every}]},
+             "file_sd_configs": [{"files": [str(Path(ray_temp_dir) / RAY_SD_FILE)], "refresh_interval": every}]},
             # MLflow answers nobody without a login, and its auth app fails closed on routes it has no rule for:
             # /metrics answers its admins only (MLflow 3.17). Prometheus, a process of the stack's own user, reads
             # the admin's password file (0600) itself; the password is in no config or argv.
@@ -63,30 +65,16 @@ def scrape_config(state: Path, port: int, mlflow_port: int, interval_s: float) -
     }
 
 
-def prepare(state: Path, port: int, mlflow_port: int, interval_s: float) -> list[str]:
+def prepare(state: Path, port: int, mlflow_port: int, interval_s: float, ray_temp_dir: Path) -> list[str]:
     """Write the config under the state dir; return the server's argv (foreground, logs on stderr, no lifecycle
     or admin API)."""
     root = folder(state)
     (root / "data").mkdir(parents=True, exist_ok=True)
     config = root / "prometheus.yml"
-    config.write_text(yaml.safe_dump(scrape_config(state, port, mlflow_port, interval_s), sort_keys=False))
+    config.write_text(yaml.safe_dump(scrape_config(state, port, mlflow_port, interval_s, ray_temp_dir), sort_keys=False))
     return [shutil.which("prometheus") or "prometheus", f"--config.file={config}",
             f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
             "--storage.tsdb.retention.time=15d"]
-
-
-def link_ray_targets(state: Path, session_dir: str) -> Path:
-    """Point `ray_nodes.json` at the discovery file of the Ray session now running (Ray rewrites that file as
-    nodes join and leave; Prometheus re-reads it every scrape interval)."""
-    link = folder(state) / "ray_nodes.json"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    target = Path(session_dir) / RAY_SD_FILE
-    if link.is_symlink() or link.exists():
-        if link.is_symlink() and os.readlink(link) == str(target):
-            return link
-        link.unlink()
-    link.symlink_to(target)
-    return link
 
 
 def healthy(port: int) -> bool:

@@ -71,7 +71,6 @@ def alive_nodes(dashboard_port: int, token: str | None) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ray._common.network_utils import get_localhost_ip
     from ray._private import ray_constants, services
     from ray.scripts.scripts import main as ray_cli
 
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         # The join check reads the switch; address resolution gets what the switch gives otherwise (loopback).
         ray_constants.ENABLE_RAY_CLUSTER = True
-        services.get_node_ip_address = lambda address=None: get_localhost_ip()
+        services.get_node_ip_address = lambda address=None: "127.0.0.1"  # the stack is IPv4 loopback by design
     sys.argv = ["ray", "start", *args]
     ray_cli()
 

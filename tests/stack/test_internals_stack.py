@@ -110,27 +110,20 @@ def test_alive_nodes_reads_rays_state_api_route():
 
 
 def test_metrics_flush_reads_rays_report_interval():
-    """P10-P11, core/metrics.py `flush` (and train/trainer.py
-    `worker_env`, serve/online/app.py REPLICA_METRICS_ENV, which set it): ray._raylet.Config.metrics_report_interval_ms()
-    is Ray's report interval, and RAY_metrics_report_interval_ms in the environment sets it."""
+    """P11, core/metrics.py `report_interval_s` (and train/trainer.py `worker_env`, serve/online/app.py
+    REPLICA_METRICS_ENV, which set it): RAY_metrics_report_interval_ms in the environment sets Ray's report interval
+    (ray._raylet.Config reads it), and Ray's default is the one `report_interval_s` assumes without it."""
     out = run_python("""
         from ray._raylet import Config
         print(Config.metrics_report_interval_ms())
+        from core.metrics import report_interval_s
+        print(report_interval_s())
     """, env={"RAY_metrics_report_interval_ms": "1234"})
-    assert out.split() == ["1234"], out
+    assert out.split() == ["1234", "1.234"], out
+    from ray._raylet import Config
 
-
-def test_prometheus_reads_rays_discovery_file_in_the_session_dir():
-    """P12-P13, stack/prometheus.py `link_ray_targets` and stack/processes.py `ray_session_dir`: Ray writes
-    its Prometheus targets to <session dir>/RAY_SD_FILE, and passes `--session-dir=` to the processes it starts."""
-    from ray._private import metrics_agent, ray_constants, services
-
-    from stack.prometheus import RAY_SD_FILE
-
-    assert RAY_SD_FILE == ray_constants.PROMETHEUS_SERVICE_DISCOVERY_FILE
-    target = inspect.getsource(metrics_agent.PrometheusServiceDiscoveryWriter.get_target_file_name)
-    assert "self.session_dir" in target and "PROMETHEUS_SERVICE_DISCOVERY_FILE" in target
-    assert 'f"--session-dir={session_dir}"' in inspect.getsource(services)
+    from core.metrics import RAY_DEFAULT_REPORT_INTERVAL_MS
+    assert Config.metrics_report_interval_ms() == RAY_DEFAULT_REPORT_INTERVAL_MS
 
 
 def test_ray_job_id_is_what_rays_job_supervisor_passes():
