@@ -17,10 +17,10 @@ NOT_IN_VERSION = ("output_uri", "overwrite", "tokenizer")
 
 @dataclass
 class PreferenceConfig:
-    inputs: list[str]
-    """JSONL files or directories (local or s3://) of preference records."""
     output_uri: str
     """Where versions go: `<output_uri>/<version>/{manifest.json,train/,eval/,rejects/,reference/}`."""
+    inputs: list[str] = field(default_factory=list)
+    """JSONL files or directories (local or s3://) of preference records."""
     tokenizer: str = ""
     """The tokenizer (path, s3://, models:/ ref); empty = the DPO stage's reference model's."""
     eval_inputs: list[str] = field(default_factory=list)
@@ -46,7 +46,6 @@ class PreferenceConfig:
     """Rebuild a version whose manifest already exists (otherwise it is returned untouched)."""
 
     def __post_init__(self):
-        require(len(self.inputs) > 0, "preferences.inputs", "give at least one JSONL file or directory")
         require(bool(self.output_uri.strip()), "preferences.output_uri", "empty path")
         require(8 <= self.seq_len <= 1 << 20, "preferences.seq_len", f"{self.seq_len} is out of range (8 .. 1048576)")
         require(0.0 <= self.eval_fraction < 1.0, "preferences.eval_fraction", "must be in [0, 1)")

@@ -66,6 +66,8 @@ def _split_stats(rows: list[dict]) -> dict:
 def prepare_preferences(cfg: PreferenceConfig) -> PreparedPreferences:
     """Build (or find already built) the preference version of `cfg`; raises data.manifest.RejectFractionError
     naming the top reasons when too many records are rejected (the rejects file is written first)."""
+    if not cfg.inputs:
+        raise ValueError("preferences.inputs: no preference files given; list JSONL files or directories")
     files = discover(cfg.inputs, "jsonl", TRAIN, "preferences.inputs")
     files += discover(cfg.eval_inputs, "jsonl", EVAL, "preferences.eval_inputs")
     _, tok_files = read_tokenizer_files(cfg.tokenizer)
