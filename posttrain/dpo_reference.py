@@ -12,7 +12,6 @@ the new columns and split paths and a `reference` entry; its `version` stays the
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +91,3 @@ def score_reference(manifest_uri: str, model_uri: str, model_ref: str, batch_siz
     mf.write_manifest(scored, scored_uri)
     return ScoredPreferences(scored_uri, digest, False)
 
-
-def reference_entry(scored_manifest_uri: str) -> dict:
-    """The `reference` entry of a scored manifest: model (lineage name), uri, digest."""
-    return json.loads(storage.read_text(scored_manifest_uri))["reference"]

@@ -12,7 +12,8 @@ from data.preferences import Preference, tokenize_preference
 from posttrain.dpo_loss import DpoObjective, pair_logps
 from tests.train.test_loop import Recorder
 from train.checkpoint import TrainerState, load_checkpoint
-from train.config import OptimConfig
+from train.config import LoraConfig, OptimConfig
+from train.lora import apply_lora
 from train.loop import LoopPlan, train_loop
 from train.optimizer import build_optimizer
 
@@ -58,11 +59,13 @@ class PairSource:
         return self._batches(self.rows[:8])
 
 
-def run(path, batch, hooks_factory, restore=None):
+def run(path, batch, hooks_factory, restore=None, lora: LoraConfig | None = None):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if lora is not None:
+        model = apply_lora(model, lora, str(path))
     optimizer, scheduler = build_optimizer(model, OPTIM, PLAN.total_steps)
     state = load_checkpoint(restore, model, optimizer, scheduler, rank=0) if restore else TrainerState()
     hooks = hooks_factory(model, optimizer)
@@ -91,3 +94,13 @@ def test_a_resumed_dpo_run_continues_as_the_uninterrupted_one(setup, tmp_path):
     for step in (5, 6, 7, 8):
         assert resumed.losses[step] == full.losses[step]
     assert resumed.evals[8] == full.evals[8]
+
+
+def test_dpo_trains_a_lora_adapter_on_the_frozen_base(setup):
+    """Under LoRA the reference is the frozen base itself: the adapter starts at zero (loss log 2) and alone learns."""
+    path, batch = setup
+    hooks, model = run(path, batch, lambda m, o: Recorder(), lora=LoraConfig(enabled=True, rank=4, alpha=8.0))
+    assert hooks.evals[0] == pytest.approx(math.log(2), abs=1e-6)
+    assert hooks.evals[8] < hooks.evals[0]
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n for n in trained)
