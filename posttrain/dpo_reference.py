@@ -58,17 +58,22 @@ class ReferenceScorer:
         return {**batch, REF_COLUMNS[0]: chosen.double().cpu().numpy(), REF_COLUMNS[1]: rejected.double().cpu().numpy()}
 
 
-def reference_digest(model_uri: str) -> str:
-    """The sha256 digest of the reference model's files (what names its log-probs in the preference version)."""
+def reference_digest(model_uri: str, registered: str = "") -> str:
+    """The sha256 digest of the reference model's files (what names its log-probs in the preference version); with
+    `registered` (a registered version's `rayline.weights_digest`), raises ManifestMismatch unless the files are
+    those bytes, so the log-probs always come from the version lineage names."""
+    if registered:
+        return weights_manifest.verify(model_uri, registered, what="reference model")["digest"]
     return weights_manifest.build(model_uri)["digest"]
 
 
 def score_reference(manifest_uri: str, model_uri: str, model_ref: str, batch_size: int = 16,
-                    num_gpus: float = 0.0) -> ScoredPreferences:
+                    num_gpus: float = 0.0, digest: str = "") -> ScoredPreferences:
     """Add the reference's log-probs to the preference version at `manifest_uri` (once: an existing scored manifest
-    for the same reference bytes is returned as it is). `model_ref` is how lineage names the reference."""
+    for the same reference bytes is returned as it is). `model_ref` is how lineage names the reference; `digest`, its
+    registered digest when it is a registered version (checked against the files)."""
     manifest = load_manifest(manifest_uri)
-    digest = reference_digest(model_uri)
+    digest = reference_digest(model_uri, digest)
     version_uri = manifest_uri.rsplit("/", 1)[0]
     out_uri = storage.join(version_uri, "reference", digest[:16])
     scored_uri = storage.join(out_uri, "manifest.json")

@@ -43,15 +43,16 @@ class DpoResult(TrainResult):
     lineage: dict = field(default_factory=dict)
 
 
-def resolve_reference(ref: str) -> tuple[str, str]:
+def resolve_reference(ref: str) -> tuple[str, str, str]:
     """(the reference's files: a local absolute path or s3:// URI, its exact name: `models:/NAME/VERSION` for a
-    registered model, an alias resolved)."""
-    uri = registry.resolve_model_uri(ref)
+    registered model, an alias resolved, and its registered weights digest: "" for a path)."""
+    uri = registry.resolve_model_uri(ref)  # its bytes are checked against `digest` before they are scored
     uri = uri if storage.is_remote(uri) else storage.resolve(uri)[1]
+    digest = ""
     if ref.startswith("models:/"):
         mv = registry.get_version(ref)
-        ref = f"models:/{mv.name}/{mv.version}"
-    return uri, ref
+        ref, digest = f"models:/{mv.name}/{mv.version}", (mv.tags or {}).get(registry.TAG_WEIGHTS_DIGEST, "")
+    return uri, ref, digest
 
 
 def dpo_tags(cfg: DpoConfig, version: str, reference: str, digest: str, lineage: dict) -> dict[str, str]:
@@ -68,7 +69,7 @@ def main(cfg: DpoConfig) -> DpoResult:
     from train.preflight import plan_run
 
     connect_ray()
-    ref_uri, ref_name = resolve_reference(cfg.reference)
+    ref_uri, ref_name, ref_digest = resolve_reference(cfg.reference)
     prefs = replace(cfg.preferences, tokenizer=cfg.preferences.tokenizer or ref_uri)
     if cfg.dpo.from_eval_run:
         pairs_uri, lineage, n = pairs_from_eval_run(cfg.dpo.from_eval_run, prefs.output_uri)
@@ -80,7 +81,7 @@ def main(cfg: DpoConfig) -> DpoResult:
           f"({prepared.counts['rejected']} rejected, {prepared.counts['deduplicated']} duplicates)"
           + ("  (already prepared)" if prepared.skipped else ""), flush=True)
     scored = score_reference(prepared.manifest_uri, ref_uri, ref_name, cfg.dpo.reference_batch_size,
-                             cfg.dpo.reference_gpus)
+                             cfg.dpo.reference_gpus, ref_digest)
     print(f"reference   {ref_name}: log-probs in {scored.manifest_uri}"
           + ("  (already computed)" if scored.skipped else ""), flush=True)
 
