@@ -87,6 +87,7 @@ def main(cfg: DpoConfig) -> DpoResult:
 
     tcfg = cfg.train_config(scored.manifest_uri)
     plan = plan_run(tcfg, ray.cluster_resources())
+    plan.loop.seq_len *= 2  # a row is a pair: two sequences of seq_len go through the model (tokens/s, tokens seen)
     lineage = prepared.manifest.get("lineage") or {}
     tags = dpo_tags(cfg, prepared.version, ref_name, scored.reference_digest, lineage)
     with training_run(tcfg, plan, extra_tags=tags) as run_id:
