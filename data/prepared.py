@@ -3,7 +3,8 @@
     from data.prepared import read_split
     ds = read_split("s3://bucket/prepared/3f2a9c0d1e4b5a67/manifest.json", "train")
 
-Rows hold `COLUMNS`, each a list<int32> of exactly the manifest's `seq_len`; training streams them as
+Rows hold `COLUMNS` (or the columns the manifest lists: a preference version's, data/preferences.py), each a
+list<int32> of exactly the manifest's `seq_len`; training streams them as
 they are, without re-tokenizing. Labels are aligned with input_ids the way Hugging Face models expect
 (the model shifts them); build the attention mask from segment_ids so packed examples stay apart.
 """
@@ -42,7 +43,8 @@ def load_manifest(manifest_or_dir_uri: str) -> dict:
 
 
 def read_split(manifest_uri: str, split: str = "train") -> ray.data.Dataset:
-    """A Ray Dataset over one split's Parquet shards (`COLUMNS`), read through `storage.resolve`."""
+    """A Ray Dataset over one split's Parquet shards (`COLUMNS`, or the manifest's `columns`), read through
+    `storage.resolve`."""
     import ray  # here, not at module import: importing Ray fixes its connection settings for the process
 
     manifest = load_manifest(manifest_uri)
@@ -59,4 +61,4 @@ def read_split(manifest_uri: str, split: str = "train") -> ray.data.Dataset:
     # CPUs, and the blocks decide which rows each training worker's split gets, so the same seed and data
     # would train differently on a cluster that has more (or fewer) nodes, e.g. after a node was lost.
     return read_parquet(path, filesystem=fs, file_extensions=["parquet"],
-                        override_num_blocks=max(1, len(files))).select_columns(list(COLUMNS))
+                        override_num_blocks=max(1, len(files))).select_columns(list(manifest.get("columns", COLUMNS)))

@@ -48,6 +48,7 @@ COMMANDS = {
     "data": _stage("data", "main", "data stage: corpus -> cleaned, tokenized, packed shards and a manifest"),
     "train": _stage("train", "main", "train stage: FSDP2 training on Ray Train, checkpoints, export, registration"),
     "tune": _stage("tune", "main", "tune stage: ASHA search over train config fields, the best registered"),
+    "dpo": _stage("dpo", "main", "DPO stage: preference pairs -> reference log-probs once -> DPO on FSDP2, registered"),
     "batch": _stage("batch_infer", "cli", "batch inference and evaluation on Ray Data + vLLM"),
     "serve": _stage("serve", "cli", "deploy, render or delete the OpenAI-compatible Ray Serve app"),
     "rollout": _stage("rollout", "cli", "serve the version an MLflow alias names (gate, deploy, verify, roll back)"),

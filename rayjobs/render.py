@@ -63,7 +63,7 @@ def _engine_shape(engine, replicas: int, profile: Profile, min_replicas: int | N
 
 def workload_shape(stage: str, cfg, profile: Profile) -> Shape:
     """The worker pods a stage needs, read from its own config."""
-    if stage in ("train", "tune"):
+    if stage in ("train", "tune", "dpo"):  # DPO trains on the train stage's workers (posttrain/dpo_stage.py)
         train = cfg.base_train_config() if stage == "tune" else cfg
         sc = train.scaling
         # A search runs max_concurrent_trials at once (0 = derive: the search then runs one at a time on this size).

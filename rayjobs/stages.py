@@ -39,6 +39,7 @@ STAGES = {
         Stage("data", "pipelines.prepare_data", "data.config:Config"),
         Stage("train", "pipelines.train", "train.config:TrainConfig"),
         Stage("tune", "pipelines.tune", "train.tune_config:TuneConfig"),
+        Stage("dpo", "pipelines.dpo", "posttrain.dpo_config:DpoConfig"),
         Stage("batch_infer", "pipelines.batch_infer", "serve.batch.config:Config", role="evaluator"),
         Stage("rollout", "pipelines.rollout", "serve.promotion.rollout_config:Config", role="rollout"),
         Stage("serve", "pipelines.serve", "serve.online.serve_config:Config", role="reader", kind="RayService",

@@ -30,6 +30,33 @@ class BatchSource(Protocol):
         """This rank's share of the eval split."""
 
 
+class Objective(Protocol):
+    """What a step minimises: the summed loss of a micro-batch and what that sum is averaged over (loss tokens for
+    SFT, preference pairs for DPO: posttrain/dpo_loss.py), with the dtypes its batches are read in."""
+
+    batch_dtypes: torch.dtype | dict[str, torch.dtype]
+
+    def loss_sum(self, model: torch.nn.Module, batch: Batch, device: torch.device,
+                 mask_dtype: torch.dtype) -> torch.Tensor: ...
+
+    def count(self, batch: Batch) -> int: ...
+
+
+class TokenCrossEntropy:
+    """Next-token cross-entropy over the labelled tokens of packed rows: the SFT and pre-training objective."""
+
+    batch_dtypes = torch.int64
+
+    def loss_sum(self, model, batch, device, mask_dtype):
+        return forward_loss_sum(model, batch, device, mask_dtype)
+
+    def count(self, batch):
+        return loss_tokens(batch)
+
+
+TOKEN_CROSS_ENTROPY = TokenCrossEntropy()
+
+
 class LoopHooks(Protocol):
     def on_step(self, state: TrainerState, metrics: dict[str, float]) -> None: ...
 
@@ -61,13 +88,14 @@ def _global_sum(values: list[float], device: torch.device) -> list[float]:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device, mask_dtype: torch.dtype) -> float:
-    """Token-weighted mean loss over every rank's eval batches."""
+def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device, mask_dtype: torch.dtype,
+             objective: Objective = TOKEN_CROSS_ENTROPY) -> float:
+    """Mean loss (per token, or per what `objective` counts) over every rank's eval batches."""
     model.eval()
     loss_sum, tokens = 0.0, 0
     for batch in batches:
-        loss_sum += float(forward_loss_sum(model, batch, device, mask_dtype))
-        tokens += loss_tokens(batch)
+        loss_sum += float(objective.loss_sum(model, batch, device, mask_dtype))
+        tokens += objective.count(batch)
     model.train()
     total_loss, total_tokens = _global_sum([loss_sum, float(tokens)], device)
     return total_loss / max(total_tokens, 1.0)
@@ -93,18 +121,20 @@ def _micro_batches(source: BatchSource, state: TrainerState, plan: LoopPlan) -> 
 def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler, source: BatchSource, plan: LoopPlan,
                state: TrainerState, hooks: LoopHooks, device: torch.device, mask_dtype: torch.dtype = torch.float32,
-               after_step: Callable[[int], None] | None = None) -> TrainerState:
-    """Train from `state.step` to `plan.total_steps`; returns the final state (also passed to the hooks)."""
+               after_step: Callable[[int], None] | None = None,
+               objective: Objective = TOKEN_CROSS_ENTROPY) -> TrainerState:
+    """Train from `state.step` to `plan.total_steps` on `objective` (default: next-token cross-entropy); returns the
+    final state (also passed to the hooks)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     per_epoch = plan.steps_per_epoch * plan.grad_accum_steps
     if state.step == 0 and state.eval_loss is None:
-        state.eval_loss = state.first_eval_loss = evaluate(model, source.eval_batches(), device, mask_dtype)
+        state.eval_loss = state.first_eval_loss = evaluate(model, source.eval_batches(), device, mask_dtype, objective)
         hooks.on_eval(state, {"eval_loss": state.eval_loss})
     stream = _micro_batches(source, state, plan) if state.step < plan.total_steps else iter(())
     while state.step < plan.total_steps:
         t0 = time.perf_counter()
         micro = [next(stream) for _ in range(plan.grad_accum_steps)]
-        local_tokens = sum(loss_tokens(b) for _, b in micro)
+        local_tokens = sum(objective.count(b) for _, b in micro)
         (global_tokens,) = _global_sum([float(local_tokens)], device)
         loss_sum = 0.0
         for i, (_, batch) in enumerate(micro):
@@ -112,7 +142,7 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             if hasattr(model, "set_requires_gradient_sync"):
                 # Gradients are reduce-scattered once per step, on the last micro-batch.
                 model.set_requires_gradient_sync(last)
-            loss = forward_loss_sum(model, batch, device, mask_dtype)
+            loss = objective.loss_sum(model, batch, device, mask_dtype)
             # FSDP averages gradients over ranks; scaling by world size makes the result sum/global_tokens.
             (loss * world / max(global_tokens, 1.0)).backward()
             loss_sum += float(loss.detach())
@@ -145,7 +175,7 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         end_of_epoch = state.micro_batches_into_epoch == 0
         eval_due = (state.step % plan.eval_every_steps == 0) if plan.eval_every_steps else end_of_epoch
         if eval_due or done:
-            state.eval_loss = evaluate(model, source.eval_batches(), device, mask_dtype)
+            state.eval_loss = evaluate(model, source.eval_batches(), device, mask_dtype, objective)
             hooks.on_eval(state, {"eval_loss": state.eval_loss})
         ckpt_due = (state.step % plan.checkpoint_every_steps == 0) if plan.checkpoint_every_steps else eval_due
         if ckpt_due or done:

@@ -78,8 +78,10 @@ def connect_ray() -> None:
     init_ray(runtime_env={"env_vars": env})
 
 
-def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, callbacks: list | None = None):
-    """The TorchTrainer for one run; `fit()` resumes from `<storage_path>/<run_name>` when it holds checkpoints."""
+def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, callbacks: list | None = None,
+                  objective=None):
+    """The TorchTrainer for one run; `fit()` resumes from `<storage_path>/<run_name>` when it holds checkpoints.
+    `objective` (a train.loop.Objective, e.g. posttrain's DPO loss) replaces next-token cross-entropy."""
     import ray.data
     import ray.train
     from data.prepared import read_split
@@ -107,7 +109,8 @@ def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, ca
     data_config = ray.train.DataConfig(execution_options=ExecutionOptions(preserve_order=True))
     return TorchTrainer(
         train_fn_per_worker,
-        train_loop_config={"cfg": to_dict(cfg), "plan": plan.to_dict(), "mlflow_run_id": mlflow_run_id},
+        train_loop_config={"cfg": to_dict(cfg), "plan": plan.to_dict(), "mlflow_run_id": mlflow_run_id,
+                           **({"objective": objective} if objective is not None else {})},
         scaling_config=scaling, run_config=run_config, datasets=datasets, dataset_config=data_config,
     )
 

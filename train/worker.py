@@ -30,7 +30,7 @@ from train.checkpoint import (
 from train.config import TrainConfig
 from train.export import export_model
 from train.fsdp import build_sharded_model
-from train.loop import Batch, train_loop
+from train.loop import TOKEN_CROSS_ENTROPY, Batch, train_loop
 from train.mfu import mfu, peak_flops, train_flops_per_token
 from train.optimizer import adam_state_summary, build_optimizer
 from train.preflight import RunPlan
@@ -41,19 +41,20 @@ from train.tracking import MetricLogger
 class ShardBatches:
     """A `BatchSource` over this worker's Ray Data shards: deterministic order, reseeded shuffle per epoch."""
 
-    def __init__(self, train_shard, eval_shard, cfg: TrainConfig, device: torch.device):
+    def __init__(self, train_shard, eval_shard, cfg: TrainConfig, device: torch.device,
+                 dtypes: torch.dtype | dict[str, torch.dtype] = torch.int64):
         self.train_shard, self.eval_shard = train_shard, eval_shard
-        self.cfg, self.device = cfg, device
+        self.cfg, self.device, self.dtypes = cfg, device, dtypes
 
     def train_batches(self, epoch: int) -> Iterable[Batch]:
         buffer = self.cfg.data.shuffle_buffer_rows or None
         return self.train_shard.iter_torch_batches(
-            batch_size=self.cfg.train.micro_batch_size, drop_last=True, dtypes=torch.int64, device=self.device,
+            batch_size=self.cfg.train.micro_batch_size, drop_last=True, dtypes=self.dtypes, device=self.device,
             local_shuffle_buffer_size=buffer, local_shuffle_seed=self.cfg.train.seed + epoch if buffer else None,
         )
 
     def eval_batches(self) -> Iterable[Batch]:
-        return self.eval_shard.iter_torch_batches(batch_size=self.cfg.train.eval_batch_size, dtypes=torch.int64,
+        return self.eval_shard.iter_torch_batches(batch_size=self.cfg.train.eval_batch_size, dtypes=self.dtypes,
                                                   device=self.device)
 
 
@@ -220,11 +221,14 @@ def train_fn_per_worker(config: dict) -> None:
     if checkpoint is not None and rank == 0:
         metrics_api.inc("rayline_train_restarts", 1, **tags)
     hooks.on_start(state)
-    source = ShardBatches(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("eval"), cfg, device)
+    # The objective travels pickled in the config (posttrain's DPO loss); without one, next-token cross-entropy.
+    objective = config.get("objective") or TOKEN_CROSS_ENTROPY
+    source = ShardBatches(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("eval"), cfg, device,
+                          objective.batch_dtypes)
     mask_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     try:
         train_loop(model, optimizer, scheduler, source, plan.loop, state, hooks, device, mask_dtype,
-                   after_step=load_step_hook(rank, world))
+                   after_step=load_step_hook(rank, world), objective=objective)
     finally:
         logger.flush()
         shutil.rmtree(hooks.root, ignore_errors=True)  # the staging folder; each checkpoint left it once uploaded
