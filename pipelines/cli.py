@@ -6,7 +6,7 @@
 
 Each command calls the same function, with the same arguments, that `python -m <module>` runs, so the two
 cannot drift; the stages' modules and Config classes come from rayjobs/stages.py, as for render and submit.
-A new entry point is one row of COMMANDS (post-training, issue #51, goes there when its stage lands).
+A new entry point is one row of COMMANDS; `rayline post-train <method>` names a post-training stage (dpo, grpo).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ COMMANDS = {
     "data": _stage("data", "main", "data stage: corpus -> cleaned, tokenized, packed shards and a manifest"),
     "train": _stage("train", "main", "train stage: FSDP2 training on Ray Train, checkpoints, export, registration"),
     "tune": _stage("tune", "main", "tune stage: ASHA search over train config fields, the best registered"),
-    "dpo": _stage("dpo", "main", "DPO stage: preference pairs -> reference log-probs once -> DPO on FSDP2, registered"),
+    "post-train dpo": _stage("dpo", "main", "DPO: preference pairs -> reference log-probs once -> DPO on FSDP2"),
     "batch": _stage("batch_infer", "cli", "batch inference and evaluation on Ray Data + vLLM"),
     "serve": _stage("serve", "cli", "deploy, render or delete the OpenAI-compatible Ray Serve app"),
     "rollout": _stage("rollout", "cli", "serve the version an MLflow alias names (gate, deploy, verify, roll back)"),
@@ -56,8 +56,6 @@ COMMANDS = {
     "validate": Command("pipelines.validate", "main", "check KubeRay manifests offline (schemas, operator rules)"),
     "submit": Command("pipelines.submit", "main", "submit a stage to a Ray cluster through the Jobs API"),
     "keys": Command("pipelines.api_keys", "main", "add or rotate an API key of the OpenAI endpoint"),
-    # post-train (#51): once its stage is in rayjobs/stages.py STAGES, one row here:
-    # "post-train": _stage("post_train", "main", "post-training stage: ..."),
 }
 
 
@@ -163,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-h", "--help"):
         print(usage())
         return 0
+    if argv[0] == "post-train" and len(argv) > 1 and not argv[1].startswith("-"):
+        argv = [f"post-train {argv[1]}", *argv[2:]]  # `rayline post-train dpo ...`: the method names the stage
     if argv[0] not in COMMANDS:
         print(f"rayline: unknown command {argv[0]!r} (commands: {', '.join(COMMANDS)}); `rayline --help` lists them",
               file=sys.stderr)

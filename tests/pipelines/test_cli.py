@@ -29,7 +29,8 @@ def rayline(*args: str, script: bool = False) -> subprocess.CompletedProcess:
 def test_help_lists_every_command_once_with_one_line(script):
     out = rayline("--help", script=script)
     assert out.returncode == 0, out.stderr
-    listed = [line.split(None, 1) for line in out.stdout.splitlines() if line.startswith("  ")]
+    width = max(map(len, cli.COMMANDS))
+    listed = [[line[2:2 + width].strip(), line[4 + width:]] for line in out.stdout.splitlines() if line.startswith("  ")]
     assert listed == [[name, c.summary] for name, c in cli.COMMANDS.items()]
     assert {"demo", "stack", "data", "train", "tune", "batch", "serve", "rollout", "render", "validate",
             "submit"} <= set(cli.COMMANDS)
@@ -114,3 +115,11 @@ def test_fields_are_flattened_with_the_defaults_the_config_really_gets():
         "flag": ("bool", "false", ""),
         "nothing": ("int | None", "null", ""),
     }
+
+
+def test_post_train_names_its_method(capsys):
+    """`rayline post-train dpo --help` runs the DPO stage's help, as `python -m pipelines.dpo --help` does."""
+    assert cli.main(["post-train", "dpo", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: rayline post-train dpo" in out and "dpo.beta" in out
+    assert cli.main(["post-train", "nope"]) == 2 and "unknown command 'post-train nope'" in capsys.readouterr().err
