@@ -31,7 +31,7 @@ from train.config import TrainConfig
 from train.export import export_model
 from train.fault_injection import maybe_kill_worker
 from train.fsdp import build_sharded_model
-from train.loop import Batch, train_loop
+from train.loop import Batch, rank_values, train_loop
 from train.mfu import mfu, peak_flops, train_flops_per_token
 from train.optimizer import adam_state_summary, build_optimizer
 from train.preflight import RunPlan
@@ -138,7 +138,7 @@ def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank
         logger.flush()  # every step up to this checkpoint is in MLflow before a restart could resume past it
     report = {"step": state.step, "epoch": state.epoch, "eval_loss": state.eval_loss,
               "first_eval_loss": state.first_eval_loss, "loss": metrics.get("loss"), "tokens_seen": state.tokens_seen,
-              "train_time_s": state.train_time_s,
+              "train_time_s": state.train_time_s, "wall_time_s_ranks": rank_values(state.wall_time_s),
               "export_uri": state.export_uri or "", **fingerprint}
     ray.train.report({k: v for k, v in report.items() if v is not None},
                      checkpoint=ray.train.Checkpoint.from_directory(str(local)), checkpoint_dir_name=name,
