@@ -142,19 +142,7 @@ class RaylineApp:
             raise RuntimeError(f"rayline app did not come up: {healthy.reason}")
 
     def replica_pid(self) -> int | None:
-        """The Serve replica that runs the engine: its title names the app, and it has started EngineCore."""
-        import psutil
-
-        tag = f"ServeReplica:{self.cfg.app_name}:"
-        for proc in psutil.process_iter():
-            try:
-                # The replica, not its forked EngineCore (which carries the replica's title too).
-                if (tag in title(proc) and tag not in title(proc.parent())
-                        and engine_core_pid(proc.pid)):
-                    return proc.pid
-            except (psutil.Error, OSError, IndexError):
-                continue
-        return None
+        return engine_replica_pid(self.cfg.app_name)
 
     def engine_pid(self) -> int | None:
         replica = self.replica_pid()
@@ -177,6 +165,33 @@ class RaylineApp:
 
     def stop(self) -> None:
         self.target.delete()
+
+
+def engine_replica_pid(app_name: str) -> int | None:
+    """The Serve replica of `app_name` that runs the engine: its title names the app, and it has started EngineCore."""
+    import psutil
+
+    tag = f"ServeReplica:{app_name}:"
+    for proc in psutil.process_iter():
+        try:
+            # The replica, not its forked EngineCore (which carries the replica's title too).
+            if tag in title(proc) and tag not in title(proc.parent()) and engine_core_pid(proc.pid):
+                return proc.pid
+        except (psutil.Error, OSError, IndexError):
+            continue
+    return None
+
+
+def replica_engine(app_name: str) -> str:
+    """The engine an app's replica runs, read back (bench/serve_setup.engine_setup on the replica and its logs) as
+    one line: its EngineCore and what vLLM logged of its settings."""
+    replica = engine_replica_pid(app_name)
+    if replica is None:
+        return f"no ServeReplica:{app_name} process with an EngineCore child"
+    setup = engine_setup(replica, [Path(os.readlink(f"/proc/{replica}/fd/{fd}")) for fd in (1, 2)])
+    keys = ("executor", "engine processes", "engine niceness", "dtype", "max_seq_len", "enable_prefix_caching",
+            "enable_chunked_prefill", "enforce_eager", "max_num_batched_tokens", "KV cache tokens")
+    return f"replica pid {replica}: " + ", ".join(f"{k}={setup.get(k, 'not read back')}" for k in keys)
 
 
 def small_model(work: Path) -> tuple[Path, eng.EngineConfig]:
