@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
             record_figures(NAME, mv.version, {"exact_match": 1.0})  # the gate's evidence, as an eval job logs it
     engine = {**ENGINE, "max_model_len": 256, "max_num_seqs": 16, "kv_cache_memory_bytes": 64 * eng.MiB,
               "cpus_per_engine": 0.4, "model": f"models:/{NAME}@champion"}
-    serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-canary", "engine": engine})
+    serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-canary", "route_prefix": "/bench-canary",
+                                          "engine": engine})
     rollout = Rollout(from_dict(RolloutConfig, {
         "model": NAME, "triggered_by": "bench", "serve_config": "unused",
         "canary": {"steps": [0.25, 0.5], "step_s": 10, "min_requests": 3, "max_ttft_p50_ratio": 5.0,

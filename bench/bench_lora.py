@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
         servers[VLLM] = VllmServer(vllm_args, env, args.vllm_port, work / "vllm_lora_server.log", args.vllm_nice)
         pinned = {"a": {"ref": f"models:/{ADAPTER_MODEL}/1", "source": adapter_dirs[0], "name": ADAPTER_MODEL,
                         "version": "1", "label": f"{ADAPTER_MODEL}/1"}}
-        app = RaylineApp(model_dir, engine_cfg, {"app_name": "rayline-bench-lora", "lora": LORA}, adapters=pinned)
+        app = RaylineApp(model_dir, engine_cfg, {"app_name": "rayline-bench-lora", "route_prefix": "/bench-lora", "lora": LORA}, adapters=pinned)
         servers[OURS] = servers[BASE] = app
         answer = wait_until_answering(app.url, "rayline:a", f"rayline:a@{ADAPTER_MODEL}/1", "hi", 120, field="model",
                                       api_key=admin_key(app.cfg))

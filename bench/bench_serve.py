@@ -71,7 +71,8 @@ def bench_rollout(work: Path) -> float:
         record_figures(name, v, {"exact_match": 1.0})  # the gate's evidence, as an eval job logs it
     tiny_engine = {**ENGINE, "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 64 * eng.MiB,
                    "cpus_per_engine": 0.5, "model": f"models:/{name}@champion"}
-    serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-rollout", "engine": tiny_engine})
+    serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-rollout", "route_prefix": "/bench-rollout",
+                                          "engine": tiny_engine})
     rollout = Rollout(RolloutConfig(model=name, triggered_by="bench"), serve_cfg)
     try:
         registry.set_alias(name, "champion", versions[0])

@@ -33,7 +33,9 @@ ENGINE = {
 # The tuned serving settings (serve/serve_config.py): one ingress, no access log, and streamed tokens passed
 # on as they come (stream_batching_interval_ms 0): at a few tokens/s per stream on CPU a batching window
 # merges nothing, but its timer wakes every stream 20 times a second and delays the first token.
-SERVE = {"app_name": "rayline-bench", "route_prefix": "/", "served_model_id": "rayline", "ingress_cpus": 0.1,
+# Every bench app has a name and a route of its own (`/bench...`): a stack where the demo left its app at `/` takes
+# them beside it (Serve refuses two apps on one route prefix).
+SERVE = {"app_name": "rayline-bench", "route_prefix": "/bench", "served_model_id": "rayline", "ingress_cpus": 0.1,
          "ingress_replicas": 1, "max_ongoing_requests": 512, "stream_batching_interval_ms": 0.0}
 
 
@@ -132,6 +134,7 @@ class RaylineApp:
         model = self.model = ServedModel(source=str(model_dir), ref=str(model_dir))
         self.target = LocalServe(self.cfg.app_name)
         self.url = self.cfg.base_url()
+        require_route(self.target, self.cfg.app_name, self.cfg.route_prefix)
         start = time.time()
         self.target.apply(render_serve_config(self.cfg, model, adapters))
         healthy = wait_until_healthy(self.target.state, model, 900, fail_fast=False, applied_at=start)
@@ -165,6 +168,16 @@ class RaylineApp:
 
     def stop(self) -> None:
         self.target.delete()
+
+
+def require_route(target: LocalServe, app_name: str, route_prefix: str) -> None:
+    """Stop with one line naming what to remove when another Serve app holds `route_prefix` (a bench run that was
+    killed before its clean-up): Serve would refuse the deploy with "Found duplicate applications for route
+    prefix"."""
+    for app in target._declarative_apps(target._details()):
+        if app.get("route_prefix") == route_prefix and app.get("name") != app_name:
+            raise SystemExit(f"Serve app {app.get('name')!r} holds the route {route_prefix} this bench deploys on: "
+                             f"remove it (python -m pipelines.serve --config <its serving config> --delete) and run again")
 
 
 def engine_replica_pid(app_name: str) -> int | None:
