@@ -24,11 +24,12 @@ from serve.serve_config import Config as ServeConfig
 from serve.verify import admin_key, wait_until_answering, wait_until_healthy
 
 ENGINE = {
-    "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 64, "dtype": "float32", "enforce_eager": True,
+    "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 64, "dtype": "auto", "enforce_eager": True,
     "enable_prefix_caching": True, "enable_chunked_prefill": True, "kv_cache_memory_bytes": 512 * eng.MiB,
     "cpus_per_engine": 1.0,
-    # As configs/serve/tiny_cpu.yaml: one unpinned compute thread (vLLM would pin it to core 0). Both servers.
-    "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
+    # As configs/serve/tiny_cpu.yaml: the precision follows the CPU (dtype auto: serve/precision.py) and the compute
+    # threads the engine's CPUs (cpus_per_engine 1: one), unpinned (vLLM would pin them to core 0). Both servers.
+    "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"},
 }
 # The tuned serving settings (serve/serve_config.py): one ingress, no access log, and streamed tokens passed
 # on as they come (stream_batching_interval_ms 0): at a few tokens/s per stream on CPU a batching window
