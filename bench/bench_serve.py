@@ -82,11 +82,40 @@ def bench_rollout(work: Path) -> float:
         start = time.time()
         registry.set_alias(name, "champion", versions[1])
         second = rollout.once()
+        took = time.time() - start
         if second.status != DEPLOYED:
             raise RuntimeError(second.line())
-        return time.time() - start
+        print(rollout_breakdown(second.run_id, serve_cfg.app_name, took), flush=True)
+        return took
     finally:
         rollout.target.delete()
+
+
+# What vLLM logs of its start, in the new replica's log: the lines that time its parts.
+ENGINE_START_LINES = ("Loading weights took", "Model loading took", "init engine", "Starting to load model",
+                      "Available KV cache memory", "Application startup complete")
+
+
+def rollout_breakdown(run_id: str, app_name: str, total_s: float) -> str:
+    """Where a rollout's seconds went: the rollout's own phases as it logged them to its MLflow run (gate, deploy =
+    apply -> the new replica healthy, verify = healthy -> the new version answering) and what the new replica's
+    vLLM logged of its start (weights, engine init), read from that replica's log."""
+    from pipelines import registry
+
+    from bench.serve_servers import engine_replica_pid
+
+    m = registry.client().get_run(run_id).data.metrics
+    phases = ", ".join(f"{k} {m[k]:.1f}s" for k in ("gate_s", "deploy_s", "verify_s", "switch_s", "duration_s") if k in m)
+    lines = [f"rollout breakdown (alias set -> answering {total_s:.1f}s): {phases}"]
+    replica = engine_replica_pid(app_name)
+    if replica is not None:
+        import os
+
+        for fd in (1, 2):
+            log = Path(os.readlink(f"/proc/{replica}/fd/{fd}"))
+            lines += [f"  replica {replica}: {ln.strip()[:200]}" for ln in log.read_text(errors="replace").splitlines()
+                      if any(k in ln for k in ENGINE_START_LINES)]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
