@@ -20,7 +20,8 @@ over all rounds: output tokens/s and time to first token p50/p99. The servers:
   rayline        the Serve LLM app on the local stack, with the same engine config.
 Each side's effective set-up is read back from its running processes and from what its engine logged,
 and printed (bench/equal_terms.py). Then the rollout time of the `tiny` model (alias set -> new version
-answering) is measured with the real rollout. The last lines are the throughput ratios, one per
+answering) is measured with the real rollout, under 3 loopback clients of short chats (bench_canary.user_load): what
+the roll costs them (answers/s before and during, failed requests) and where its seconds went are printed. The last lines are the throughput ratios, one per
 comparison; rayline vs vllm server only when the set-ups agree on MUST_MATCH.
 The cost of rayline's own serving metrics is bench/bench_serve_metrics.py.
 """
@@ -30,12 +31,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_canary import user_load  # noqa: E402
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
 from bench.serve_load import LoadResult, combine, tail_note  # noqa: E402
 from bench.serve_servers import (  # noqa: E402
@@ -79,16 +82,35 @@ def bench_rollout(work: Path) -> float:
         first = rollout.once()
         if first.status != DEPLOYED:
             raise RuntimeError(first.line())
+        # Users on the app while it rolls: what the roll costs them (two engines share the cores for a while).
+        stop, seen, failed = threading.Event(), [], []
+        clients = user_load(serve_cfg.base_url(), stop, seen, failed)
+        time.sleep(10)
         start = time.time()
         registry.set_alias(name, "champion", versions[1])
         second = rollout.once()
         took = time.time() - start
+        time.sleep(5)
+        stop.set()
+        for t in clients:
+            t.join(timeout=120)
         if second.status != DEPLOYED:
             raise RuntimeError(second.line())
+        print(roll_cost(seen, failed, start, took, len(clients)), flush=True)
         print(rollout_breakdown(second.run_id, serve_cfg.app_name, took), flush=True)
         return took
     finally:
         rollout.target.delete()
+
+
+def roll_cost(seen: list, failed: list, start: float, took: float, clients: int) -> str:
+    """Short chat answers per second before the roll and during it, and the failed requests (bench_canary.user_load's
+    (sent, answered, version) records)."""
+    before = [a for sent, a, _ in seen if a < start and sent >= start - 8]  # the 8 s before, the warm-up left out
+    during = [a for _, a, _ in seen if start <= a <= start + took]
+    return (f"during the roll ({clients} clients of 6-token chats): {len(during)} answered, {len(failed)} failed "
+            f"(target 0); answers/s {len(before) / 8:.1f} in the 8 s before, {len(during) / took:.1f} during"
+            + (f"; first failures: {failed[:3]}" if failed else ""))
 
 
 # What vLLM logs of its start, in the new replica's log: the lines that time its parts.
