@@ -132,7 +132,9 @@ class RaylineApp:
     def __init__(self, model_dir: Path, engine_cfg: eng.EngineConfig, overrides: dict | None = None,
                  adapters: dict | None = None):
         self.cfg = from_dict(ServeConfig, {**SERVE, **(overrides or {}), "engine": to_dict(engine_cfg)})
-        model = self.model = ServedModel(source=str(model_dir), ref=str(model_dir))
+        # Pinned to the bytes hashed here, as pipelines.serve pins them: each replica checks them before loading.
+        model = self.model = ServedModel(source=str(model_dir), ref=str(model_dir),
+                                         digest=eng.checked_digest(str(model_dir)))
         self.target = LocalServe(self.cfg.app_name)
         self.url = self.cfg.base_url()
         require_route(self.target, self.cfg.app_name, self.cfg.route_prefix)
