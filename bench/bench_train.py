@@ -163,7 +163,9 @@ def run_rayline(cfg) -> dict:
     warm, last = by_step[cfg.train.checkpoint_every_steps], by_step[plan.total_steps]
     steps = last["step"] - warm["step"]
     seconds = slowest_rank_seconds(warm["wall_time_s_ranks"], last["wall_time_s_ranks"])
-    setup = {**workers, "backend": trainer.backend_config.backend, **loop_setup(cfg, plan, steps)}
+    # Threads and backend as the worker read them back in itself (its checkpoint report), not as configured.
+    setup = {**workers, **loop_setup(cfg, plan, steps), "backend": last.get("backend", "not read back"),
+             "torch threads": last.get("torch_threads", "not read back")}
     return {"steps": steps, "seconds": seconds, "tokens": (last["tokens_seen"] - warm["tokens_seen"]), "setup": setup}
 
 

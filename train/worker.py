@@ -139,7 +139,10 @@ def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank
     report = {"step": state.step, "epoch": state.epoch, "eval_loss": state.eval_loss,
               "first_eval_loss": state.first_eval_loss, "loss": metrics.get("loss"), "tokens_seen": state.tokens_seen,
               "train_time_s": state.train_time_s, "wall_time_s_ranks": rank_values(state.wall_time_s),
-              "export_uri": state.export_uri or "", **fingerprint}
+              "export_uri": state.export_uri or "", **fingerprint,
+              # What this worker computes with, read back in it (bench/bench_train.py compares it with torchrun's).
+              "torch_threads": torch.get_num_threads(),
+              "backend": dist.get_backend() if dist.is_initialized() else "none"}
     ray.train.report({k: v for k, v in report.items() if v is not None},
                      checkpoint=ray.train.Checkpoint.from_directory(str(local)), checkpoint_dir_name=name,
                      delete_local_checkpoint_after_upload=True)
