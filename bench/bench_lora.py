@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{label:24} {r.concurrency:7d} {r.requests:8d} {r.failed:6d} {r.tokens_per_s:8.1f} "
                   f"{r.ttft_p50:8.3f}s {r.ttft_p99:8.3f}s")
     print(f"adapter rollout time (alias set -> version 2 answering behind rayline:a, in place): {rollout_s:.1f}s")
-    must_match = MUST_MATCH + [f"given {k}" for k in lora_kwargs]
+    # The LoRA arguments are shown as given (vLLM logs no LoRA config to read them back from), not matched: the same
+    # dict on both sides would match by construction, a check that cannot fail.
+    must_match = MUST_MATCH
     ratios = {}
     for v, r, b in zip(results[VLLM], results[OURS], results[BASE]):
         ratios[(VLLM, v.concurrency)] = r.tokens_per_s / v.tokens_per_s
