@@ -43,8 +43,10 @@ RESULT_PREFIX = "BENCH_RESULT "
 # Both workers call torch.set_num_threads (which sets OpenMP's count too), so "torch threads" decides their
 # compute threads; the threads that really computed ("busy threads per worker", from their CPU time) are shown
 # beside it, not matched: a Ray worker also runs Ray Data's prefetch, which is part of what is measured.
-MUST_MATCH = ["worker processes", "niceness", "CPU affinity", "torch threads", "backend", "precision", "FSDP unit",
-              "micro-batch x seq_len", "grad accumulation", "timed steps"]
+# Read back on both sides: the workers' processes (WorkerWatch), their torch threads and backend (in the workers), the
+# steps timed. Precision, FSDP unit, micro-batch and grad accumulation come from the one config both sides are given:
+# shown, not matched (they would match by construction).
+MUST_MATCH = ["worker processes", "niceness", "CPU affinity", "torch threads", "backend", "timed steps"]
 
 
 def prepare_inputs(work: Path) -> str:
