@@ -72,7 +72,8 @@ def bench_rollout(work: Path) -> float:
         versions = [registry.register_checkpoint(name, str(d), run_id=run.info.run_id).version for d in dirs]
     for v in versions:
         record_figures(name, v, {"exact_match": 1.0})  # the gate's evidence, as an eval job logs it
-    tiny_engine = {**ENGINE, "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 64 * eng.MiB,
+    # float32, as configs/serve/tiny_cpu.yaml: the tiny model in bfloat16 died in a replica (SIGILL, vLLM's AMX attention).
+    tiny_engine = {**ENGINE, "dtype": "float32", "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 64 * eng.MiB,
                    "cpus_per_engine": 0.5, "model": f"models:/{name}@champion"}
     serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-rollout", "route_prefix": "/bench-rollout",
                                           "engine": tiny_engine})

@@ -35,13 +35,13 @@ def test_flags_read_from_the_flags_line_only():
 
 @pytest.mark.parametrize("path", ["configs/serve/tiny_cpu.yaml", "configs/batch/eval_tiny.yaml",
                                   "configs/batch/infer_tiny.yaml"])
-def test_the_cpu_configs_give_the_engine_this_machines_precision(path):
+def test_the_cpu_configs_threads_follow_the_engines_cpus(path):
     from serve.batch.config import Config as BatchConfig
     from serve.serve_config import Config as ServeConfig
 
     cfg = load_config(ServeConfig if "/serve/" in path else BatchConfig, ROOT / path, [])
-    expected = "bfloat16" if cpu_bf16_flags() else "float32"
-    assert eng.vllm_engine_kwargs(cfg.engine)["dtype"] == expected
+    auto = load_config(ServeConfig if "/serve/" in path else BatchConfig, ROOT / path, ["engine.dtype=auto"])
+    assert eng.vllm_engine_kwargs(auto.engine)["dtype"] == ("bfloat16" if cpu_bf16_flags() else "float32")
     # The compute threads follow the engine's CPUs (its whole CPUs, at least one), not a fixed count in the config.
     assert "OMP_NUM_THREADS" not in cfg.engine.env_vars
     threads = eng.runtime_env(cfg.engine)["env_vars"]["OMP_NUM_THREADS"]
