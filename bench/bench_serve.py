@@ -214,7 +214,12 @@ def main(argv: list[str] | None = None) -> dict:
                 if setups[n]["max_num_batched_tokens"] == "not logged"}
     for name, sched in resolve_scheduler(unlogged).items():
         setups[name].update({**sched, "max_num_batched_tokens from": "vLLM's EngineArgs on the server's logged args"})
-    rollout_s = None if args.skip_rollout else bench_rollout(work)
+    rollout_s, rollout_error = None, ""
+    if not args.skip_rollout:
+        try:
+            rollout_s = bench_rollout(work)
+        except RuntimeError as e:  # a failed rollout is a figure too; the load's figures above still stand
+            rollout_error = str(e)
 
     lengths = (f"each request {args.max_tokens} tokens" if not args.spread else
                f"request lengths drawn from {args.max_tokens} x [{1 - args.spread:g}, {1 + args.spread:g}], the same for "
@@ -235,6 +240,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(note)
     if rollout_s is not None:
         print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
+    if rollout_error:
+        print(f"rollout FAILED: {rollout_error}")
     ratios: dict = {}
     for baseline, must_match in ((DEFAULTS, []), (VLLM, MUST_MATCH)):
         for b, r in zip(results[baseline], results["rayline"]):
