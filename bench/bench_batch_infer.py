@@ -50,14 +50,17 @@ sys.path.insert(0, str(ROOT))
 
 from bench.batch_figures import pool, report  # noqa: E402
 from bench.equal_terms import busy_threads, process_tree, round_order, thread_times  # noqa: E402
+from serve.online.precision import resolve_dtype  # noqa: E402
 
 ENGINE = {  # serve.online.engine.EngineConfig fields, shared by (b) and (c)
-    # float32: the checkpoint's own dtype, on both sides. Which dtype is faster is the CPU's: one thread's GEMM at
-    # 128 x 512 x 1408 ran 72.7 GFLOP/s in float32 against 8.0 in bfloat16 on the AVX2-only CPU of 2026-12-01, and
-    # 93-98 against 210 on the AVX-512 BF16 CPU of 2026-12-06.
-    "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 128, "dtype": "float32", "enforce_eager": True,
+    # auto, as the batch stage's configs have it: bfloat16 on a CPU with AVX-512 BF16 / AMX, float32 elsewhere
+    # (serve/online/precision.py), on both sides. Which dtype is faster is the CPU's: one thread's GEMM at 128 x 512 x 1408
+    # ran 72.7 GFLOP/s in float32 against 8.0 in bfloat16 on the AVX2-only CPU of 2026-12-01, and 93-98 against 210
+    # on the AVX-512 BF16 CPU of 2026-12-06.
+    "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 128, "dtype": "auto", "enforce_eager": True,
     "kv_cache_memory_bytes": 512 * 1024**2, "cpus_per_engine": 1.0, "enable_prefix_caching": False,
 }
+DTYPE = resolve_dtype(ENGINE["dtype"], ENGINE["accelerator"])  # what (a) runs in and the report names
 RAY_WORKER_NICENESS = 15  # Ray starts its workers, and so the engine actor and its EngineCore, at niceness 15
 MUST_MATCH = [  # what (b) and (c) must agree on for a ratio
     "EngineCore", "EngineCore start", "executor", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
@@ -143,7 +146,7 @@ def part_hf(w: dict, n: int) -> dict:
     tok = AutoTokenizer.from_pretrained(w["model"], padding_side="left")
     texts = [tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True) for r in rows]
     lengths = [r["sampling_params"]["max_tokens"] for r in rows]
-    model = AutoModelForCausalLM.from_pretrained(w["model"], dtype=getattr(torch, ENGINE["dtype"])).eval()
+    model = AutoModelForCausalLM.from_pretrained(w["model"], dtype=getattr(torch, DTYPE)).eval()
     out = {}
     for batch in (32, 64):
         started = time.perf_counter()
@@ -392,7 +395,7 @@ def main() -> None:
         for name in order:
             if i == 0 or name not in ONCE:
                 runs[name].append(run_part(name, args))
-    report(args, w, {name: pool(r) for name, r in runs.items()}, ENGINE["dtype"], MUST_MATCH)
+    report(args, w, {name: pool(r) for name, r in runs.items()}, DTYPE, MUST_MATCH)
 
 
 if __name__ == "__main__":

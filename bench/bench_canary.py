@@ -7,15 +7,18 @@
 The `tiny` model, registered twice with the same weights (v1 champion, v2 challenger), both apps from one serving
 config (fractional CPUs: both engines and the load share the 2-core box).
   1. The canary as a user runs it: `challenger` set on v2 under a steady loopback load of users, the real
-     `Rollout` with steps [0.25, 0.5] of 10 s: alias set -> first live request answered by the challenger (target
-     <= 60 s), the whole canary (through the promotion of v2), and the failed client requests (target 0).
+     `Rollout` with steps [0.25, 0.5] of 10 s: alias set -> the first live answer signed by the challenger arriving
+     at its client (target <= 60 s; the clock starts as the alias is set and stops when that answer is in), the
+     whole canary (through the promotion of v2), and the failed client requests (target 0).
   2. What the split costs, on equal terms: the same apps, engines and load (streamed completions of exactly
      `--max-tokens` tokens, bench/serve_load.py), alternating rounds (A-B, B-A):
        a. the champion app with the canary on at share 0 (every request through the split's middleware, answered by
           the champion) vs the canary off: what the middleware costs every request of a canary;
        b. the champion app forwarding every request to the challenger (share 1.0) vs the same load sent straight to
           the challenger's own route: what the extra loopback hop costs the challenger's share.
-     Each pair is answered by one engine, so a ratio away from 1.0x is the split's own cost.
+     Each pair is answered by one engine, so a ratio away from 1.0x is the split's own cost. What must match is read
+     back, not configured: the version that signed each answer (system_fingerprint), the engine of the app serving
+     it (its replica's EngineCore and vLLM's logged settings) and the load each side completed.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_servers import ENGINE, SERVE, use_local_stack  # noqa: E402
+from bench.serve_servers import ENGINE, SERVE, replica_engine, use_local_stack  # noqa: E402
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
-from bench.serve_load import LoadResult, combine, run_load  # noqa: E402
+from bench.serve_load import LoadResult, answered_by, combine, run_load  # noqa: E402
 from core import registry  # noqa: E402
 from core.config import from_dict  # noqa: E402
 from serve.online import engine as eng  # noqa: E402
@@ -42,7 +45,7 @@ from serve.promotion.outcome import DEPLOYED  # noqa: E402
 from serve.promotion.rollout import Rollout  # noqa: E402
 from serve.promotion.rollout_config import Config as RolloutConfig  # noqa: E402
 from serve.online.serve_config import Config as ServeConfig  # noqa: E402
-from serve.promotion.verify import wait_until_answering, wait_until_healthy  # noqa: E402
+from serve.promotion.verify import smoke_request, wait_until_answering, wait_until_healthy  # noqa: E402
 from serve.batch.tracking import record_figures  # noqa: E402
 
 NAME = "rayline-bench-canary"
@@ -50,7 +53,8 @@ MUST_MATCH = ["answered by", "engine", "load"]
 
 
 def user_load(url: str, stop: threading.Event, seen: list, failed: list, clients: int = 3) -> list[threading.Thread]:
-    """Loopback clients as random users: (time, version that answered) of each answer, each failure."""
+    """Loopback clients as random users: (time sent, time answered, version that signed the answer) of each answer,
+    each failure."""
     from openai import OpenAI
 
     client = OpenAI(base_url=url, max_retries=0, timeout=120)  # the key: $OPENAI_API_KEY, the stack's client key
@@ -62,7 +66,7 @@ def user_load(url: str, stop: threading.Event, seen: list, failed: list, clients
             try:
                 r = client.chat.completions.create(model="rayline", max_tokens=6, user=f"u{rng.randrange(500)}",
                                                    messages=[{"role": "user", "content": "What is 2 + 3?"}])
-                seen.append((t, r.system_fingerprint))
+                seen.append((t, time.time(), r.system_fingerprint))
             except Exception as e:  # counted: the target is none
                 failed.append(f"{type(e).__name__}: {e}")
                 time.sleep(0.5)
@@ -101,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
             record_figures(NAME, mv.version, {"exact_match": 1.0})  # the gate's evidence, as an eval job logs it
     engine = {**ENGINE, "max_model_len": 256, "max_num_seqs": 16, "kv_cache_memory_bytes": 64 * eng.MiB,
               "cpus_per_engine": 0.4, "model": f"models:/{NAME}@champion"}
-    serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-canary", "engine": engine})
+    serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-canary", "route_prefix": "/bench-canary",
+                                          "engine": engine})
     rollout = Rollout(from_dict(RolloutConfig, {
         "model": NAME, "triggered_by": "bench", "serve_config": "unused",
         "canary": {"steps": [0.25, 0.5], "step_s": 10, "min_requests": 3, "max_ttft_p50_ratio": 5.0,
@@ -139,9 +144,14 @@ def canary_run(rollout: Rollout, url: str) -> dict:
         t.join(timeout=120)
     if result.status != DEPLOYED:
         raise RuntimeError(result.line())
-    firsts = [t for t, fp in seen if fp == f"{NAME}/2" and t >= set_at]
-    return {"first_request_s": (min(firsts) - set_at) if firsts else float("nan"), "canary_s": result.seconds,
+    firsts = [done for _, done, fp in seen if fp == f"{NAME}/2"]
+    return {"first_request_s": first_answer_s(set_at, firsts), "canary_s": result.seconds,
             "requests": len(seen), "failed": len(failed), "failures": failed[:5]}
+
+
+def first_answer_s(set_at: float, answered_at: list[float]) -> float:
+    """Seconds from the alias set to the first challenger answer in (nan: none came)."""
+    return min(answered_at) - set_at if answered_at else float("nan")
 
 
 def split_cost(rollout: Rollout, canary: Canary, args) -> dict:
@@ -154,9 +164,10 @@ def split_cost(rollout: Rollout, canary: Canary, args) -> dict:
     if not ok:
         raise RuntimeError("the challenger app did not come up")
     champion_url, challenger_url = rollout.base_url, canary.base_url
-    load = f"{args.requests} x {args.max_tokens} tokens, {args.concurrency} clients"
-    engine = "tiny, " + ", ".join(f"{k}={v}" for k, v in sorted(vars(rollout.serve_cfg.engine).items())
-                                  if k not in ("env_vars", "model"))
+    canary._split(None)
+    # Which app serves which version, read back: each app's own route answers with its engine's fingerprint.
+    app_of = {smoke_request(url, "rayline", "hi", api_key=rollout.admin_key).get("system_fingerprint"): app
+              for url, app in ((champion_url, rollout.serve_cfg.app_name), (challenger_url, canary.serve_cfg.app_name))}
     pairs = {
         "a": {"rayline": ("canary on, share 0", 0.0, champion_url, f"{NAME}/2"),
               "canary off": ("canary off", None, champion_url, f"{NAME}/2")},
@@ -172,10 +183,10 @@ def split_cost(rollout: Rollout, canary: Canary, args) -> dict:
                 canary._split(share)
                 results[name].append(run_load(url, args.concurrency, args.requests, args.max_tokens))
         canary._split(None)
-        setups = {name: {"side": what, "URL": url, "answered by": label, "engine": engine, "load": load,
-                         "canary share": "off" if share is None else share}
-                  for name, (what, share, url, label) in sides.items()}
         pooled = {name: combine(rs) for name, rs in results.items()}
+        setups = {name: {"side": what, "URL": url, "canary share": "off" if share is None else share,
+                         **read_back(pooled[name], app_of, expected)}
+                  for name, (what, share, url, expected) in sides.items()}
         print_setups(setups, f"comparison {key}")
         for name, r in pooled.items():
             print(f"  {name}: {r.tokens_per_s:,.1f} tok/s, TTFT p50 {r.ttft_p50 * 1000:.0f} ms, "
@@ -186,6 +197,18 @@ def split_cost(rollout: Rollout, canary: Canary, args) -> dict:
         lines.append(ratio_line(f"{base_name} (TTFT p50, lower is better)", ours.ttft_p50 / base.ttft_p50,
                                 setups["rayline"], setups[base_name], MUST_MATCH))
     return {"lines": lines}
+
+
+def read_back(result: LoadResult, app_of: dict, expected: str) -> dict:
+    """A side's must-match set-up from what ran: the versions that signed its answers, the engine of the app that
+    serves the one version (none when several or an unexpected one answered: the side did not do the work it
+    names), and the load its clients completed."""
+    versions = set(result.answered_by)
+    app = app_of.get(expected) if versions == {expected} else None
+    return {"answered by": answered_by(result),
+            "engine": replica_engine(app) if app else f"not read back: answered by {sorted(versions)}",
+            "load": f"{result.requests - result.failed} of {result.requests} requests answered, "
+                    f"{result.tokens} output tokens, {result.concurrency} clients"}
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
         servers[VLLM] = VllmServer(vllm_args, env, args.vllm_port, work / "vllm_lora_server.log", args.vllm_nice)
         pinned = {"a": {"ref": f"models:/{ADAPTER_MODEL}/1", "source": adapter_dirs[0], "name": ADAPTER_MODEL,
                         "version": "1", "label": f"{ADAPTER_MODEL}/1"}}
-        app = RaylineApp(model_dir, engine_cfg, {"app_name": "rayline-bench-lora", "lora": LORA}, adapters=pinned)
+        app = RaylineApp(model_dir, engine_cfg, {"app_name": "rayline-bench-lora", "route_prefix": "/bench-lora", "lora": LORA}, adapters=pinned)
         servers[OURS] = servers[BASE] = app
         answer = wait_until_answering(app.url, "rayline:a", f"rayline:a@{ADAPTER_MODEL}/1", "hi", 120, field="model",
                                       api_key=admin_key(app.cfg))
@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{label:24} {r.concurrency:7d} {r.requests:8d} {r.failed:6d} {r.tokens_per_s:8.1f} "
                   f"{r.ttft_p50:8.3f}s {r.ttft_p99:8.3f}s")
     print(f"adapter rollout time (alias set -> version 2 answering behind rayline:a, in place): {rollout_s:.1f}s")
-    must_match = MUST_MATCH + [f"given {k}" for k in lora_kwargs]
+    # The LoRA arguments are shown as given (vLLM logs no LoRA config to read them back from), not matched: the same
+    # dict on both sides would match by construction, a check that cannot fail.
+    must_match = MUST_MATCH
     ratios = {}
     for v, r, b in zip(results[VLLM], results[OURS], results[BASE]):
         ratios[(VLLM, v.concurrency)] = r.tokens_per_s / v.tokens_per_s

@@ -1,7 +1,7 @@
 """How cost grows with work (issue 21): the data stage and batch inference at growing input sizes.
 
     python bench/bench_scale.py [--data 20000,200000,2000000] [--batch 5000,50000] [--max-tokens 64] [--num-cpus 2]
-                                [--work DIR]
+                                [--rounds 2] [--work DIR]
 
 Each size runs in a driver process of its own, on a fresh `--num-cpus` Ray that the driver starts
 (`ray.init(address="local")`), so the cluster's processes (GCS, raylet, workers, engines) belong to the driver's
@@ -16,6 +16,9 @@ counted once) of the driver and, summed, of the rest of its session; it prints t
          `tiny` model, at most `--max-tokens` output tokens per prompt; tokens/s = output tokens over the wall time
          (start-up included) and over the engine's busy time (steady).
   spill  the bytes Ray spilled from the object store to disk in the run (Ray's memory summary).
+The sizes of a stage run `--rounds` times in alternating order (small to large, then large to small: a machine
+whose speed drifts, shared with others, hits every size alike), each size pooled over its rounds (tokens over
+seconds; memory and spill: the highest round's), every round printed as it ends.
 Targets: tokens/s at the largest size within 15% of the middle one, and peak memory that does not grow with the
 input. The last lines are one per stage: `<stage>: largest vs middle <ratio>x tokens/s, peak memory <ratio>x`.
 """
@@ -37,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_data import chat_records, sentence  # noqa: E402
+from bench.equal_terms import round_order  # noqa: E402
 
 RESULT_PREFIX = "SCALE_RESULT "
 
@@ -161,16 +165,14 @@ class PeakMemory:
         self._thread.join(5)
 
 
-def run_size(kind: str, size: int, work: Path, model: str, num_cpus: int, max_tokens: int) -> dict:
+def run_size(kind: str, size: int, work: Path, model: str, num_cpus: int, max_tokens: int, round_no: int = 0) -> dict:
     inputs = work / f"{kind}-{size}"
+    inputs = inputs if kind == "data" else inputs.with_suffix(".jsonl")
     t = time.perf_counter()
-    if kind == "data":
-        write_records(inputs, size)
-    else:
-        inputs = inputs.with_suffix(".jsonl")
-        write_prompts(inputs, size)
+    if not inputs.exists():  # made once: every round of a size reads the same inputs
+        write_records(inputs, size) if kind == "data" else write_prompts(inputs, size)
     made_s = time.perf_counter() - t
-    out = work / f"{kind}-{size}-out"
+    out = work / f"{kind}-{size}-out-{round_no}"
     cmd = [sys.executable, __file__, "--drive", kind, str(inputs), model, str(out), str(num_cpus), str(max_tokens)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -183,6 +185,19 @@ def run_size(kind: str, size: int, work: Path, model: str, num_cpus: int, max_to
         raise RuntimeError(f"{kind} at {size}: exit {proc.returncode}\n" + "\n".join(lines[-40:]))
     return {**results[0], "size": size, "inputs_made_s": made_s, "driver_peak_mib": memory.driver_kib / 1024,
             "cluster_peak_mib": memory.cluster_kib / 1024}
+
+
+def pooled(runs: list[dict]) -> dict:
+    """One size over its rounds: tokens and seconds summed (tokens/s = all tokens over all seconds, steady likewise),
+    peaks and spill the highest round's."""
+    wall, tokens = sum(r["wall_s"] for r in runs), sum(r["tokens"] for r in runs)
+    out = {**runs[0], "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "rounds": len(runs)}
+    for key in ("driver_peak_mib", "cluster_peak_mib", "spilled_bytes"):
+        out[key] = max(r[key] for r in runs)
+    if all(r.get("steady_tokens_per_s") for r in runs):
+        busy = sum(r["tokens"] / r["steady_tokens_per_s"] for r in runs)
+        out["steady_tokens_per_s"] = tokens / busy
+    return out
 
 
 def line(kind: str, r: dict) -> str:
@@ -214,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", default="5000,50000", help="prompt counts, comma-separated ('' = none)")
     p.add_argument("--max-tokens", type=int, default=64, help="batch: output tokens per prompt at most")
     p.add_argument("--num-cpus", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="runs per size, the sizes in alternating order each round")
     p.add_argument("--work", default=None, help="where inputs and outputs go (default: a temporary dir)")
     args = p.parse_args(argv)
     sizes = {k: [int(s) for s in v.split(",") if s] for k, v in (("data", args.data), ("batch", args.batch))}
@@ -228,11 +244,15 @@ def main(argv: list[str] | None = None) -> int:
               "per prompt", flush=True)
         done: dict[str, list[dict]] = {}
         for kind in ("data", "batch"):
-            for size in sizes[kind]:
-                r = run_size(kind, size, work, model, args.num_cpus, args.max_tokens)
-                done.setdefault(kind, []).append(r)
-                print(line(kind, r), flush=True)
-        print("\n== scale ==")
+            by_size: dict[int, list[dict]] = {size: [] for size in sizes[kind]}
+            for i, order in enumerate(round_order(sizes[kind], args.rounds)):
+                for size in order:
+                    r = run_size(kind, size, work, model, args.num_cpus, args.max_tokens, i)
+                    by_size[size].append(r)
+                    print(f"round {i + 1}: " + line(kind, r), flush=True)
+            done[kind] = [pooled(by_size[size]) for size in sizes[kind] if by_size[size]]
+        print(f"\n== scale ({args.rounds} rounds per size, alternating order, pooled; "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S')}) ==")
         for kind, runs in done.items():
             for r in runs:
                 print(line(kind, r))

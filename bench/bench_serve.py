@@ -20,7 +20,8 @@ over all rounds: output tokens/s and time to first token p50/p99. The servers:
   rayline        the Serve LLM app on the local stack, with the same engine config.
 Each side's effective set-up is read back from its running processes and from what its engine logged,
 and printed (bench/equal_terms.py). Then the rollout time of the `tiny` model (alias set -> new version
-answering) is measured with the real rollout. The last lines are the throughput ratios, one per
+answering) is measured with the real rollout, under 3 loopback clients of short chats (bench_canary.user_load): what
+the roll costs them (answers/s before and during, failed requests) and where its seconds went are printed. The last lines are the throughput ratios, one per
 comparison; rayline vs vllm server only when the set-ups agree on MUST_MATCH.
 The cost of rayline's own serving metrics is bench/bench_serve_metrics.py.
 """
@@ -30,12 +31,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_canary import user_load  # noqa: E402
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
 from bench.serve_load import LoadResult, combine, tail_note  # noqa: E402
 from bench.serve_servers import (  # noqa: E402
@@ -70,23 +73,73 @@ def bench_rollout(work: Path) -> float:
         versions = [registry.register_checkpoint(name, str(d), run_id=run.info.run_id).version for d in dirs]
     for v in versions:
         record_figures(name, v, {"exact_match": 1.0})  # the gate's evidence, as an eval job logs it
-    tiny_engine = {**ENGINE, "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 64 * eng.MiB,
+    # float32, as configs/serve/tiny_cpu.yaml: the tiny model in bfloat16 died in a replica (SIGILL, vLLM's AMX attention).
+    tiny_engine = {**ENGINE, "dtype": "float32", "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 64 * eng.MiB,
                    "cpus_per_engine": 0.5, "model": f"models:/{name}@champion"}
-    serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-rollout", "engine": tiny_engine})
+    serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-rollout", "route_prefix": "/bench-rollout",
+                                          "engine": tiny_engine})
     rollout = Rollout(RolloutConfig(model=name, triggered_by="bench"), serve_cfg)
     try:
         registry.set_alias(name, "champion", versions[0])
         first = rollout.once()
         if first.status != DEPLOYED:
             raise RuntimeError(first.line())
+        # Users on the app while it rolls: what the roll costs them (two engines share the cores for a while).
+        stop, seen, failed = threading.Event(), [], []
+        clients = user_load(serve_cfg.base_url(), stop, seen, failed)
+        time.sleep(10)
         start = time.time()
         registry.set_alias(name, "champion", versions[1])
         second = rollout.once()
+        took = time.time() - start
+        time.sleep(5)
+        stop.set()
+        for t in clients:
+            t.join(timeout=120)
         if second.status != DEPLOYED:
             raise RuntimeError(second.line())
-        return time.time() - start
+        print(roll_cost(seen, failed, start, took, len(clients)), flush=True)
+        print(rollout_breakdown(second.run_id, serve_cfg.app_name, took), flush=True)
+        return took
     finally:
         rollout.target.delete()
+
+
+def roll_cost(seen: list, failed: list, start: float, took: float, clients: int) -> str:
+    """Short chat answers per second before the roll and during it, and the failed requests (bench_canary.user_load's
+    (sent, answered, version) records)."""
+    before = [a for sent, a, _ in seen if a < start and sent >= start - 8]  # the 8 s before, the warm-up left out
+    during = [a for _, a, _ in seen if start <= a <= start + took]
+    return (f"during the roll ({clients} clients of 6-token chats): {len(during)} answered, {len(failed)} failed "
+            f"(target 0); answers/s {len(before) / 8:.1f} in the 8 s before, {len(during) / took:.1f} during"
+            + (f"; first failures: {failed[:3]}" if failed else ""))
+
+
+# What vLLM logs of its start, in the new replica's log: the lines that time its parts.
+ENGINE_START_LINES = ("Loading weights took", "Model loading took", "init engine", "Starting to load model",
+                      "Available KV cache memory", "Application startup complete")
+
+
+def rollout_breakdown(run_id: str, app_name: str, total_s: float) -> str:
+    """Where a rollout's seconds went: the rollout's own phases as it logged them to its MLflow run (gate, deploy =
+    apply -> the new replica healthy, verify = healthy -> the new version answering) and what the new replica's
+    vLLM logged of its start (weights, engine init), read from that replica's log."""
+    from core import registry
+
+    from bench.serve_servers import engine_replica_pid
+
+    m = registry.client().get_run(run_id).data.metrics
+    phases = ", ".join(f"{k} {m[k]:.1f}s" for k in ("gate_s", "deploy_s", "verify_s", "switch_s", "duration_s") if k in m)
+    lines = [f"rollout breakdown (alias set -> answering {total_s:.1f}s): {phases}"]
+    replica = engine_replica_pid(app_name)
+    if replica is not None:
+        import os
+
+        for fd in (1, 2):
+            log = Path(os.readlink(f"/proc/{replica}/fd/{fd}"))
+            lines += [f"  replica {replica}: {ln.strip()[:200]}" for ln in log.read_text(errors="replace").splitlines()
+                      if any(k in ln for k in ENGINE_START_LINES)]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -162,7 +215,12 @@ def main(argv: list[str] | None = None) -> dict:
                 if setups[n]["max_num_batched_tokens"] == "not logged"}
     for name, sched in resolve_scheduler(unlogged).items():
         setups[name].update({**sched, "max_num_batched_tokens from": "vLLM's EngineArgs on the server's logged args"})
-    rollout_s = None if args.skip_rollout else bench_rollout(work)
+    rollout_s, rollout_error = None, ""
+    if not args.skip_rollout:
+        try:
+            rollout_s = bench_rollout(work)
+        except RuntimeError as e:  # a failed rollout is a figure too; the load's figures above still stand
+            rollout_error = str(e)
 
     lengths = (f"each request {args.max_tokens} tokens" if not args.spread else
                f"request lengths drawn from {args.max_tokens} x [{1 - args.spread:g}, {1 + args.spread:g}], the same for "
@@ -183,6 +241,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(note)
     if rollout_s is not None:
         print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
+    if rollout_error:
+        print(f"rollout FAILED: {rollout_error}")
     ratios: dict = {}
     for baseline, must_match in ((DEFAULTS, []), (VLLM, MUST_MATCH)):
         for b, r in zip(results[baseline], results["rayline"]):

@@ -33,12 +33,12 @@ METRICS_ON, METRICS_OFF = "rayline", "rayline without request metrics"
 
 
 # The two app slots: the first deployed takes SERVE's name and route; the second its own.
-SLOTS = ({}, {"app_name": "rayline-bench-b", "route_prefix": "/b"})
+SLOTS = ({}, {"app_name": "rayline-bench-b", "route_prefix": "/bench-b"})
 
 
 def compare(args, model_dir: Path, engine_cfg: eng.EngineConfig) -> dict:
     """Both variants deployed side by side and loaded in alternating rounds; then redeployed with the slots
-    swapped and loaded again, so neither variant keeps the slot that runs first or on `/`. Both passes pool."""
+    swapped and loaded again, so neither variant keeps the slot that runs first or on `/bench`. Both passes pool."""
     results: dict[str, list[LoadResult]] = {METRICS_ON: [], METRICS_OFF: []}
     runs: dict[str, dict[int, list[LoadResult]]] = {name: {c: [] for c in args.concurrency} for name in results}
     busy: dict[str, list[int]] = {name: [] for name in results}

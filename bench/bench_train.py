@@ -8,8 +8,10 @@ over the prepared sample corpus. rayline runs the train stage's own worker funct
 configs/train/tiny.yaml has it, so each side holds the data in memory; Ray Train checkpoints); the baseline is
 `torchrun --nproc_per_node 2` of this file reading the same Parquet files directly, with the torch threads,
 OMP_NUM_THREADS and niceness of Ray's train workers. Both write the same DCP checkpoints every `--warmup`
-steps (rayline's then go to Ray Train's storage). The timed window is the optimizer steps after `--warmup`
-(eval and checkpoint time excluded on both sides). The sides run --rounds times in A-B-B-A
+steps (rayline's then go to Ray Train's storage). The timed window is the optimizer steps after `--warmup`, each
+timed on every rank from the previous step's end to its own (`TrainerState.wall_time_s`: what the loop's hooks,
+the metrics, eval and the checkpoints between steps cost is inside), and the window's time is the slowest rank's:
+the wall clock the run experiences, not one rank's in-step timer. The sides run --rounds times in A-B-B-A
 order (the machine's speed drifts) and are pooled: steps over seconds. Each side's effective set-up is
 printed, its workers' processes read back while they train (bench/equal_terms.py); the last line is the
 ratio, given only when the set-ups agree: `rayline vs torchrun: 0.95x`.
@@ -41,8 +43,10 @@ RESULT_PREFIX = "BENCH_RESULT "
 # Both workers call torch.set_num_threads (which sets OpenMP's count too), so "torch threads" decides their
 # compute threads; the threads that really computed ("busy threads per worker", from their CPU time) are shown
 # beside it, not matched: a Ray worker also runs Ray Data's prefetch, which is part of what is measured.
-MUST_MATCH = ["worker processes", "niceness", "CPU affinity", "torch threads", "backend", "precision", "FSDP unit",
-              "micro-batch x seq_len", "grad accumulation", "timed steps"]
+# Read back on both sides: the workers' processes (WorkerWatch), their torch threads and backend (in the workers), the
+# steps timed. Precision, FSDP unit, micro-batch and grad accumulation come from the one config both sides are given:
+# shown, not matched (they would match by construction).
+MUST_MATCH = ["worker processes", "niceness", "CPU affinity", "torch threads", "backend", "timed steps"]
 
 
 def prepare_inputs(work: Path) -> str:
@@ -160,9 +164,19 @@ def run_rayline(cfg) -> dict:
     by_step = {int(m["step"]): m for _, m in result.best_checkpoints}
     warm, last = by_step[cfg.train.checkpoint_every_steps], by_step[plan.total_steps]
     steps = last["step"] - warm["step"]
-    seconds = last["train_time_s"] - warm["train_time_s"]
-    setup = {**workers, "backend": trainer.backend_config.backend, **loop_setup(cfg, plan, steps)}
+    seconds = slowest_rank_seconds(warm["wall_time_s_ranks"], last["wall_time_s_ranks"])
+    # Threads and backend as the worker read them back in itself (its checkpoint report), not as configured.
+    setup = {**workers, **loop_setup(cfg, plan, steps), "backend": last.get("backend", "not read back"),
+             "torch threads": last.get("torch_threads", "not read back")}
     return {"steps": steps, "seconds": seconds, "tokens": (last["tokens_seen"] - warm["tokens_seen"]), "setup": setup}
+
+
+def slowest_rank_seconds(at_warm: list[float], at_last: list[float]) -> float:
+    """The timed window's wall clock: each rank's `wall_time_s` at the last step less at the warm-up's end, the
+    slowest rank's (every rank's clock is read back; one rank's would hide a straggler)."""
+    if len(at_warm) != len(at_last) or not at_last:
+        raise ValueError(f"wall clocks of {len(at_warm)} and {len(at_last)} ranks: the ranks did not all report")
+    return max(b - a for a, b in zip(at_warm, at_last))
 
 
 def run_torchrun(cfg_path: Path, threads: int, nice: int) -> dict:
@@ -229,15 +243,14 @@ class ParquetBatches:
 
 
 class StepTimes:
-    """The baseline's loop hooks: step times, and the same DCP checkpoints as rayline's workers write (at the
+    """The baseline's loop hooks: this rank's wall clock at each checkpoint, and the same DCP checkpoints as rayline's workers write (at the
     same steps, each rank into a local directory of its own, deleted once written, as Ray's upload does)."""
 
     def __init__(self, model, optimizer, rank: int, root: Path):
-        self.times, self.tokens = {}, {}
+        self.walls, self.tokens = {}, {}
         self.model, self.optimizer, self.rank, self.root = model, optimizer, rank, root
 
     def on_step(self, state, metrics):
-        self.times[state.step] = metrics["step_time_s"]
         self.tokens[state.step] = state.tokens_seen
 
     def on_eval(self, state, metrics):
@@ -246,6 +259,7 @@ class StepTimes:
     def on_checkpoint(self, state, metrics):
         from train.checkpoint import checkpoint_name, save_checkpoint
 
+        self.walls[state.step] = state.wall_time_s  # at the same steps as rayline's workers report theirs
         local = self.root / f"rank{self.rank}" / checkpoint_name(state.step)
         save_checkpoint(local, self.model, self.optimizer, state, self.rank)
         shutil.rmtree(local)
@@ -259,7 +273,7 @@ def torchrun_worker(cfg_path: Path, threads: int) -> None:
     from core.config import from_dict
     from train.config import TrainConfig
     from train.fsdp import build_sharded_model
-    from train.loop import train_loop
+    from train.loop import rank_values, train_loop
     from train.optimizer import build_optimizer
     from train.preflight import RunPlan
 
@@ -278,14 +292,15 @@ def torchrun_worker(cfg_path: Path, threads: int) -> None:
     hooks = StepTimes(model, optimizer, rank, cfg_path.parent / "torchrun-checkpoints")
     train_loop(model, optimizer, scheduler, ParquetBatches(plan.manifest_uri, cfg, rank, world), plan.loop,
                TrainerState(world_size=world), hooks, device, torch.bfloat16 if cfg.bf16 else torch.float32)
-    warm = spec["warmup"]
+    warm, last = spec["warmup"], plan.total_steps
+    at_warm, at_last = rank_values(hooks.walls[warm]), rank_values(hooks.walls[last])
     if rank == 0:
-        timed = [t for s, t in hooks.times.items() if s > warm]
         # Read back in the running worker, under the same keys as rayline's set-up.
-        setup = {"backend": dist.get_backend(), **loop_setup(cfg, plan, len(timed)),
+        setup = {"backend": dist.get_backend(), **loop_setup(cfg, plan, last - warm),
                  "torch threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
-        print(RESULT_PREFIX + json.dumps({"steps": len(timed), "seconds": sum(timed), "setup": setup,
-                                          "tokens": hooks.tokens[plan.total_steps] - hooks.tokens[warm]}), flush=True)
+        print(RESULT_PREFIX + json.dumps({"steps": last - warm, "seconds": slowest_rank_seconds(at_warm, at_last),
+                                          "setup": setup, "tokens": hooks.tokens[last] - hooks.tokens[warm]}),
+              flush=True)
     dist.destroy_process_group()
 
 

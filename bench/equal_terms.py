@@ -10,6 +10,8 @@ max_num_batched_tokens, stats logging, ... The whole API:
     print(ratio_line("vllm server", ratio, ours, theirs, MUST_MATCH))
         # "rayline vs vllm server: 1.02x", or, when a MUST_MATCH key differs or was not read back on a side,
         # "rayline vs vllm server: no ratio, set-ups differ: OMP_NUM_THREADS (rayline 1, vllm server 2)"
+        # A key whose value is a placeholder (PLACEHOLDERS: "not logged", "unset", ...) counts as not read back,
+        # on either side: two placeholders agree on nothing about what ran.
     process_tree(pid)       # processes, niceness and the thread env of a running process and its children
     before = thread_times(pid); ...; busy_threads(before, thread_times(pid))   # threads that computed meanwhile
     round_order(["a", "b"], rounds)   # A-B-B-A: every other round runs the sides in reverse order
@@ -30,16 +32,31 @@ OURS = "rayline"
 # Environment that decides how many compute threads a process runs and how vLLM lays out its processes.
 THREAD_ENV = ("OMP_NUM_THREADS", "RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM", "VLLM_ENABLE_V1_MULTIPROCESSING",
               "VLLM_CPU_OMP_THREADS_BIND")
+# What a set-up shows where it could not read a value back. Two of them are not two equal values: a must-match
+# key that holds one on either side refuses the ratio, as a missing key does.
+PLACEHOLDERS = frozenset({"not logged", "unset", "not read back", "-", ""})
+
+
+def placeholder(value: Any) -> bool:
+    """Whether a set-up value says that nothing was read back: None, a PLACEHOLDERS string, or a sentence that
+    starts so ("not logged (...)", "no EngineCore process found")."""
+    if value is None:
+        return True
+    if not isinstance(value, str):
+        return False
+    text = value.strip().lower()
+    return text in PLACEHOLDERS or text.startswith(("not logged", "not read back", "unset", "no "))
 
 
 def differences(ours: dict[str, Any], theirs: dict[str, Any], must_match: Iterable[str], baseline: str) -> list[str]:
-    """The `must_match` keys whose values differ between the two set-ups, or that a side lacks (a value
-    that was not read back cannot be shown to be equal), each as `key (rayline X, baseline Y)`."""
+    """The `must_match` keys whose values differ between the two set-ups, or that a side lacks or holds only a
+    placeholder for (a value that was not read back cannot be shown to be equal), each as
+    `key (rayline X, baseline Y)`."""
     missing = object()
     out = []
     for key in must_match:
         a, b = ours.get(key, missing), theirs.get(key, missing)
-        if a is missing or b is missing or a != b:
+        if a is missing or b is missing or placeholder(a) or placeholder(b) or a != b:
             shown = ["not read back" if v is missing else _text(v) for v in (a, b)]
             out.append(f"{key} ({OURS} {shown[0]}, {baseline} {shown[1]})")
     return out

@@ -34,14 +34,21 @@ class LoadResult:
     ttfts: list[float] = field(default_factory=list, repr=False)
     tokens: int = 0
     wall_s: float = 0.0
+    answered_by: dict[str, int] = field(default_factory=dict, repr=False)
+    """How many answers each `system_fingerprint` signed (the serving version, read back from the responses)."""
 
 
 def combine(results: list[LoadResult]) -> LoadResult:
     """Several rounds of one server at one concurrency as one result: tokens over time, TTFTs pooled."""
     ttfts = [t for r in results for t in r.ttfts]
     tokens, wall = sum(r.tokens for r in results), sum(r.wall_s for r in results)
+    answered: dict[str, int] = {}
+    for r in results:
+        for fp, n in r.answered_by.items():
+            answered[fp] = answered.get(fp, 0) + n
     return LoadResult(results[0].concurrency, sum(r.requests for r in results), tokens / wall,
-                      percentile(ttfts, 0.5), percentile(ttfts, 0.99), sum(r.failed for r in results), ttfts, tokens, wall)
+                      percentile(ttfts, 0.5), percentile(ttfts, 0.99), sum(r.failed for r in results), ttfts, tokens, wall,
+                      answered)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -69,8 +76,9 @@ def tail_note(result: LoadResult, rounds: int, spread: float, label: str, min_sa
             f"one slow request moves it; --requests {enough} gives {min_samples} or more")
 
 
-async def _one(client, url: str, prompt: str, max_tokens: int, model: str) -> tuple[float, int]:
-    """One streamed completion -> (time to first token, output tokens)."""
+async def _one(client, url: str, prompt: str, max_tokens: int, model: str) -> tuple[float, int, str]:
+    """One streamed completion -> (time to first token, output tokens, the system_fingerprint of its last chunk:
+    vLLM signs the usage chunk with it; "none" when the server gave none)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     start, ttft, last = time.perf_counter(), None, ""
@@ -82,8 +90,9 @@ async def _one(client, url: str, prompt: str, max_tokens: int, model: str) -> tu
             if ttft is None:
                 ttft = time.perf_counter() - start
             last = line
-    usage = json.loads(last[len("data: "):]).get("usage") or {}
-    return ttft or float("nan"), int(usage.get("completion_tokens", 0))
+    final = json.loads(last[len("data: "):])
+    usage = final.get("usage") or {}
+    return ttft or float("nan"), int(usage.get("completion_tokens", 0)), final.get("system_fingerprint") or "none"
 
 
 def lengths(requests: int, max_tokens: int, spread: float, seed: int = 0) -> list[int]:
@@ -113,7 +122,7 @@ async def _load(url: str, concurrency: int, requests: int, max_tokens: int, mode
     queue: asyncio.Queue = asyncio.Queue()
     for item in zip(prompts, lengths(requests, max_tokens, spread)):
         queue.put_nowait(item)
-    samples, tokens, failed = [], [], 0
+    samples, tokens, failed, answered = [], [], 0, {}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits, headers=headers) as client:
@@ -123,9 +132,10 @@ async def _load(url: str, concurrency: int, requests: int, max_tokens: int, mode
             while not queue.empty():
                 prompt, length = queue.get_nowait()
                 try:
-                    ttft, n = await _one(client, url, prompt, length, model)
+                    ttft, n, fp = await _one(client, url, prompt, length, model)
                     samples.append((nth, ttft))
                     tokens.append(n)
+                    answered[fp] = answered.get(fp, 0) + 1
                 except Exception:
                     failed += 1
                 nth += 1
@@ -135,7 +145,12 @@ async def _load(url: str, concurrency: int, requests: int, max_tokens: int, mode
         wall = time.perf_counter() - start
     ttfts = timed_ttfts(samples, spread)
     return LoadResult(concurrency, requests, sum(tokens) / wall, percentile(ttfts, 0.5), percentile(ttfts, 0.99), failed,
-                      ttfts, sum(tokens), wall)
+                      ttfts, sum(tokens), wall, answered)
+
+
+def answered_by(result: LoadResult) -> str:
+    """Who answered a load, read back from the responses: `name/N x96`, several joined by `, `."""
+    return ", ".join(f"{fp} x{n}" for fp, n in sorted(result.answered_by.items())) or "no answers"
 
 
 def run_load(url: str, concurrency: int, requests: int, max_tokens: int, model: str = "rayline",

@@ -24,16 +24,19 @@ from serve.online.serve_config import Config as ServeConfig
 from serve.promotion.verify import admin_key, wait_until_answering, wait_until_healthy
 
 ENGINE = {
-    "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 64, "dtype": "float32", "enforce_eager": True,
+    "accelerator": "cpu", "max_model_len": 512, "max_num_seqs": 64, "dtype": "auto", "enforce_eager": True,
     "enable_prefix_caching": True, "enable_chunked_prefill": True, "kv_cache_memory_bytes": 512 * eng.MiB,
     "cpus_per_engine": 1.0,
-    # As configs/serve/tiny_cpu.yaml: one unpinned compute thread (vLLM would pin it to core 0). Both servers.
-    "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"},
+    # As configs/serve/tiny_cpu.yaml: the precision follows the CPU (dtype auto: serve/online/precision.py) and the compute
+    # threads the engine's CPUs (cpus_per_engine 1: one), unpinned (vLLM would pin them to core 0). Both servers.
+    "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"},
 }
 # The tuned serving settings (serve/online/serve_config.py): one ingress, no access log, and streamed tokens passed
 # on as they come (stream_batching_interval_ms 0): at a few tokens/s per stream on CPU a batching window
 # merges nothing, but its timer wakes every stream 20 times a second and delays the first token.
-SERVE = {"app_name": "rayline-bench", "route_prefix": "/", "served_model_id": "rayline", "ingress_cpus": 0.1,
+# Every bench app has a name and a route of its own (`/bench...`): a stack where the demo left its app at `/` takes
+# them beside it (Serve refuses two apps on one route prefix).
+SERVE = {"app_name": "rayline-bench", "route_prefix": "/bench", "served_model_id": "rayline", "ingress_cpus": 0.1,
          "ingress_replicas": 1, "max_ongoing_requests": 512, "stream_batching_interval_ms": 0.0}
 
 
@@ -129,9 +132,12 @@ class RaylineApp:
     def __init__(self, model_dir: Path, engine_cfg: eng.EngineConfig, overrides: dict | None = None,
                  adapters: dict | None = None):
         self.cfg = from_dict(ServeConfig, {**SERVE, **(overrides or {}), "engine": to_dict(engine_cfg)})
-        model = self.model = ServedModel(source=str(model_dir), ref=str(model_dir))
+        # Pinned to the bytes hashed here, as pipelines.serve pins them: each replica checks them before loading.
+        model = self.model = ServedModel(source=str(model_dir), ref=str(model_dir),
+                                         digest=eng.checked_digest(str(model_dir)))
         self.target = LocalServe(self.cfg.app_name)
         self.url = self.cfg.base_url()
+        require_route(self.target, self.cfg.app_name, self.cfg.route_prefix)
         start = time.time()
         self.target.apply(render_serve_config(self.cfg, model, adapters))
         healthy = wait_until_healthy(self.target.state, model, 900, fail_fast=False, applied_at=start)
@@ -142,19 +148,7 @@ class RaylineApp:
             raise RuntimeError(f"rayline app did not come up: {healthy.reason}")
 
     def replica_pid(self) -> int | None:
-        """The Serve replica that runs the engine: its title names the app, and it has started EngineCore."""
-        import psutil
-
-        tag = f"ServeReplica:{self.cfg.app_name}:"
-        for proc in psutil.process_iter():
-            try:
-                # The replica, not its forked EngineCore (which carries the replica's title too).
-                if (tag in title(proc) and tag not in title(proc.parent())
-                        and engine_core_pid(proc.pid)):
-                    return proc.pid
-            except (psutil.Error, OSError, IndexError):
-                continue
-        return None
+        return engine_replica_pid(self.cfg.app_name)
 
     def engine_pid(self) -> int | None:
         replica = self.replica_pid()
@@ -177,6 +171,43 @@ class RaylineApp:
 
     def stop(self) -> None:
         self.target.delete()
+
+
+def require_route(target: LocalServe, app_name: str, route_prefix: str) -> None:
+    """Stop with one line naming what to remove when another Serve app holds `route_prefix` (a bench run that was
+    killed before its clean-up): Serve would refuse the deploy with "Found duplicate applications for route
+    prefix"."""
+    for app in target._declarative_apps(target._details()):
+        if app.get("route_prefix") == route_prefix and app.get("name") != app_name:
+            raise SystemExit(f"Serve app {app.get('name')!r} holds the route {route_prefix} this bench deploys on: "
+                             f"remove it (python -m pipelines.serve --config <its serving config> --delete) and run again")
+
+
+def engine_replica_pid(app_name: str) -> int | None:
+    """The Serve replica of `app_name` that runs the engine: its title names the app, and it has started EngineCore."""
+    import psutil
+
+    tag = f"ServeReplica:{app_name}:"
+    for proc in psutil.process_iter():
+        try:
+            # The replica, not its forked EngineCore (which carries the replica's title too).
+            if tag in title(proc) and tag not in title(proc.parent()) and engine_core_pid(proc.pid):
+                return proc.pid
+        except (psutil.Error, OSError, IndexError):
+            continue
+    return None
+
+
+def replica_engine(app_name: str) -> str:
+    """The engine an app's replica runs, read back (bench/serve_setup.engine_setup on the replica and its logs) as
+    one line: its EngineCore and what vLLM logged of its settings."""
+    replica = engine_replica_pid(app_name)
+    if replica is None:
+        return f"no ServeReplica:{app_name} process with an EngineCore child"
+    setup = engine_setup(replica, [Path(os.readlink(f"/proc/{replica}/fd/{fd}")) for fd in (1, 2)])
+    keys = ("executor", "engine processes", "engine niceness", "dtype", "max_seq_len", "enable_prefix_caching",
+            "enable_chunked_prefill", "enforce_eager", "max_num_batched_tokens", "KV cache tokens")
+    return f"replica pid {replica}: " + ", ".join(f"{k}={setup.get(k, 'not read back')}" for k in keys)
 
 
 def small_model(work: Path) -> tuple[Path, eng.EngineConfig]:

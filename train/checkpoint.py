@@ -43,6 +43,9 @@ class TrainerState:
     tokens_seen: int = 0
     train_time_s: float = 0.0
     """Wall time spent inside optimizer steps (data wait included; eval and checkpoints not), over all attempts."""
+    wall_time_s: float = 0.0
+    """This rank's wall clock from each step's end to the next's, over all attempts: the step as the run experiences
+    it, with the hooks, eval and checkpoints between steps (a resumed run starts its clock at its first step)."""
     eval_loss: float | None = None
     first_eval_loss: float | None = None
     scheduler: dict = field(default_factory=dict)

@@ -101,6 +101,15 @@ def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.dev
     return total_loss / max(total_tokens, 1.0)
 
 
+def rank_values(value: float) -> list[float]:
+    """`value` as every rank holds it, by rank (a collective: every rank calls it at the same point)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [value]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
 def _micro_batches(source: BatchSource, state: TrainerState, plan: LoopPlan) -> Iterator[tuple[int, Batch]]:
     """(epoch, batch) from the saved data position on; stops an epoch at its last whole step."""
     per_epoch = plan.steps_per_epoch * plan.grad_accum_steps
@@ -131,8 +140,10 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         state.eval_loss = state.first_eval_loss = evaluate(model, source.eval_batches(), device, mask_dtype, objective)
         hooks.on_eval(state, {"eval_loss": state.eval_loss})
     stream = _micro_batches(source, state, plan) if state.step < plan.total_steps else iter(())
+    last_end = None  # when the previous step ended: state.wall_time_s runs from step end to step end
     while state.step < plan.total_steps:
         t0 = time.perf_counter()
+        last_end = t0 if last_end is None else last_end
         micro = [next(stream) for _ in range(plan.grad_accum_steps)]
         local_tokens = sum(objective.count(b) for _, b in micro)
         (global_tokens,) = _global_sum([float(local_tokens)], device)
@@ -161,8 +172,11 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         state.epoch, state.micro_batches_into_epoch = (epoch + 1, 0) if consumed >= per_epoch else (epoch, consumed)
         step_rows = plan.rows_per_micro_batch * plan.grad_accum_steps * world
         state.tokens_seen += step_rows * plan.seq_len
-        step_time = time.perf_counter() - t0
+        end = time.perf_counter()
+        step_time = end - t0
         state.train_time_s += step_time
+        state.wall_time_s += end - last_end
+        last_end = end
         metrics = {"loss": step_loss / max(global_tokens, 1.0), "lr": lr, "grad_norm": grad_norm,
                    "step_time_s": step_time, "tokens_per_s": step_rows * plan.seq_len / step_time,
                    "loss_tokens": global_tokens, "epoch": float(state.epoch)}

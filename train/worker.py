@@ -30,7 +30,7 @@ from train.checkpoint import (
 from train.config import TrainConfig
 from train.export import export_model
 from train.fsdp import build_sharded_model
-from train.loop import TOKEN_CROSS_ENTROPY, Batch, train_loop
+from train.loop import TOKEN_CROSS_ENTROPY, Batch, rank_values, train_loop
 from train.mfu import mfu, peak_flops, train_flops_per_token
 from train.optimizer import adam_state_summary, build_optimizer
 from train.preflight import RunPlan
@@ -139,8 +139,11 @@ def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank
         logger.flush()  # every step up to this checkpoint is in MLflow before a restart could resume past it
     report = {"step": state.step, "epoch": state.epoch, "eval_loss": state.eval_loss,
               "first_eval_loss": state.first_eval_loss, "loss": metrics.get("loss"), "tokens_seen": state.tokens_seen,
-              "train_time_s": state.train_time_s,
-              "export_uri": state.export_uri or "", **fingerprint}
+              "train_time_s": state.train_time_s, "wall_time_s_ranks": rank_values(state.wall_time_s),
+              "export_uri": state.export_uri or "", **fingerprint,
+              # What this worker computes with, read back in it (bench/bench_train.py compares it with torchrun's).
+              "torch_threads": torch.get_num_threads(),
+              "backend": dist.get_backend() if dist.is_initialized() else "none"}
     ray.train.report({k: v for k, v in report.items() if v is not None},
                      checkpoint=ray.train.Checkpoint.from_directory(str(local)), checkpoint_dir_name=name,
                      delete_local_checkpoint_after_upload=True)

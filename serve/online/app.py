@@ -202,6 +202,7 @@ def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
             "health_check_period_s": cfg.health_check_period_s,
             "health_check_timeout_s": cfg.health_check_timeout_s,
             "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
+            **cfg.routing.to_serve(),  # the engine replicas' request router (serve/online/routing_config.py)
             # The replica actor adds nothing to the engine's bundle: the engine's CPUs are the replica's.
             "ray_actor_options": {"num_cpus": 0},
             # One selector: Serve applies it to every bundle of the replica's placement group.

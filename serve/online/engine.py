@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from core import registry, storage
 from core.config import require
+from serve.online.precision import resolve_dtype
 
 MiB = 1024**2
 ENGINE_CORE_START_ENV = "RAYLINE_ENGINE_CORE_START"
@@ -58,6 +59,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     """Sequences the engine schedules at once."""
     dtype: str = "auto"
+    """`auto`: bfloat16 on a CPU with AVX-512 BF16 or AMX (float32 on other CPUs), vLLM's `auto` on GPU
+    (serve/online/precision.py); resolved where the engine arguments are built (the serving or batch driver, which runs
+    on the cluster's nodes); or a vLLM dtype (float32, bfloat16, float16)."""
     enforce_eager: bool = False
     """Skip compilation (vLLM on CPU: no inductor compile and no warm-up pass, so a faster start)."""
     enable_prefix_caching: bool | None = None
@@ -142,7 +146,7 @@ def vllm_engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "max_model_len": cfg.max_model_len,
         "max_num_seqs": cfg.max_num_seqs,
-        "dtype": cfg.dtype,
+        "dtype": resolve_dtype(cfg.dtype, cfg.accelerator),
         "enforce_eager": cfg.enforce_eager,
         "tensor_parallel_size": cfg.tensor_parallel_size,
         "pipeline_parallel_size": cfg.pipeline_parallel_size,

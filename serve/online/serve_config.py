@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 from core.config import require
 from core.node_labels import check_node_labels
 from serve.online.engine import VLLM_LORA_RANKS, EngineConfig
+from serve.online.routing_config import RoutingConfig
 
 
 @dataclass
@@ -161,6 +162,9 @@ class Config:
     token fewer. `deployment`: Ray's `build_openai_app` layout, a separate OpenAI ingress deployment that calls
     the engine replicas through handles; the ingress scales apart from the engines (`ingress_replicas`). Adapters
     and canaries work in both."""
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    """How Serve picks the engine replica for a request: Serve's power of two, or Ray Serve LLM's prefix-cache
+    affinity (needs `ingress: deployment`; serve/online/routing_config.py)."""
     node_labels: dict[str, str] = field(default_factory=dict)
     """Ray node labels the engine replicas must land on, in Ray's label-selector syntax (`value`, `!value`,
     `in(a,b)`, `!in(a,b)`), e.g. `{"rayline.io/node": "in(worker-1,worker-2)"}` on the local stack or a KubeRay
@@ -213,6 +217,9 @@ class Config:
         require(0 <= self.http_port < 65536, "http_port", f"must be a TCP port or 0, got {self.http_port}")
         require(self.health_check_period_s > 0 and self.health_check_timeout_s > 0, "health_check_period_s",
                 "health check period and timeout must be > 0")
+        require(self.routing.policy == "power_of_two" or self.ingress == "deployment", "routing.policy",
+                f"{self.routing.policy} routes by the prompt a handle call carries: set ingress: deployment (with "
+                "ingress: engine, HTTP reaches the replicas through Serve's proxy, which carries no prompt)")
         require(":" not in self.served_model_id or not self.lora.slots, "served_model_id",
                 "must not contain ':' when adapters are served (clients send `<served_model_id>:<adapter>`)")
 

@@ -8,8 +8,11 @@ import sys
 import time
 
 import psutil
+import pytest
 
-from bench.equal_terms import busy_threads, print_setups, process_tree, ratio_line, round_order, thread_times
+from bench.equal_terms import (
+    busy_threads, placeholder, print_setups, process_tree, ratio_line, round_order, thread_times,
+)
 
 MUST = ["executor", "OMP_NUM_THREADS", "niceness"]
 OURS = {"executor": "UniProcExecutor", "OMP_NUM_THREADS": "1", "niceness": 15, "processes": 3}
@@ -34,6 +37,32 @@ def test_ratio_refused_when_a_side_was_not_read_back():
     theirs = {k: v for k, v in OURS.items() if k != "OMP_NUM_THREADS"}
     line = ratio_line("torchrun", 0.9, OURS, theirs, MUST)
     assert line == "rayline vs torchrun: no ratio, set-ups differ: OMP_NUM_THREADS (rayline 1, torchrun not read back)"
+
+
+@pytest.mark.parametrize("placeholder", ["not logged", "unset", "not read back", None,
+                                         "no EngineCore process found"])
+def test_ratio_refused_when_both_sides_hold_the_same_placeholder(placeholder):
+    # Equal placeholders say nothing about what ran (vLLM's log lacked the line on both sides, say).
+    ours, theirs = {**OURS, "OMP_NUM_THREADS": placeholder}, {**OURS, "OMP_NUM_THREADS": placeholder}
+    line = ratio_line("vllm server", 1.1, ours, theirs, MUST)
+    assert line.startswith("rayline vs vllm server: no ratio, set-ups differ: OMP_NUM_THREADS (rayline ")
+    assert "1.10x" not in line
+
+
+def test_ratio_refused_when_one_side_holds_a_placeholder():
+    line = ratio_line("vllm server", 1.1, {**OURS, "OMP_NUM_THREADS": "not logged"}, OURS, MUST)
+    assert line == ("rayline vs vllm server: no ratio, set-ups differ: "
+                    "OMP_NUM_THREADS (rayline not logged, vllm server 1)")
+
+
+def test_a_placeholder_outside_the_must_match_keys_does_not_refuse():
+    ours = {**OURS, "processes": "not logged"}
+    assert ratio_line("vllm server", 1.1, ours, {**OURS, "processes": "unset"}, MUST) == "rayline vs vllm server: 1.10x"
+
+
+def test_values_that_read_back_are_not_placeholders():
+    assert not any(placeholder(v) for v in (0, False, 1.0, "off (no throughput lines)", "uni", "float32", "nobind"))
+    assert all(placeholder(v) for v in ("not logged", "unset", "-", "", None, "Not Logged", "no ServeReplica:x"))
 
 
 def test_print_setups_shows_every_key_of_every_side(capsys):

@@ -5,7 +5,8 @@ rollout sets in their `user_config` (serve/online/app.py `routes_deployment_name
 engine-layout app (tests/serve/conftest.py `served`), another version of another registered model, so each answer's
 `system_fingerprint` says which side gave it. The engine replicas behind the ingress serve LoRA adapters as in the
 engine layout (RaylineServer's adapter set): the ingress routes `rayline:<name>` to them, lists each with its
-version, and a promotion swaps one in place.
+version, and a promotion swaps one in place. The app routes with Ray Serve LLM's prefix-cache-affinity router
+(`routing.policy: prefix_cache_affinity`), which every other test here then runs through.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from core.config import from_dict
 from serve.online.app import INGRESS_DEPLOYMENT, engine_deployment_name, routes_deployment_name
 from serve.online.canary_split import ROUTE_HEADER, STATS_PATH
 from serve.promotion.deploy_target import LocalServe
+from serve.online.routing_config import PREFIX_ROUTER
 from serve.online.serve_config import Config as ServeConfig
 from tests.serve.lora_adapters import register_base_with_adapters
 from serve.promotion.verify import key_header
@@ -49,7 +51,8 @@ def ingress_app(local_stack, tiny_model_dir, tmp_path_factory):
     """The app with its base and two adapters: `a` (adapter version 1, `champion`) and `b` (version 2); version 3
     (another `a`) is waiting."""
     version, lora = register_base_with_adapters(MODEL, ADAPTERS, tiny_model_dir, tmp_path_factory.mktemp("adapters"))
-    cfg = {**serve_config_dict(APP, PREFIX, MODEL), "ingress": "deployment", "lora": lora}
+    cfg = {**serve_config_dict(APP, PREFIX, MODEL), "ingress": "deployment", "lora": lora,
+           "routing": {"policy": "prefix_cache_affinity", "imbalanced_threshold": 4}}
     target = LocalServe(APP)
     try:
         deploy(cfg)
@@ -91,6 +94,28 @@ def canary(ingress_app: dict, challenger_prefix: str, mode: str):
     cfg = from_dict(RolloutConfig, {"model": MODEL, "canary": {"steps": [1.0], "mode": mode, "metrics": "replicas",
                                                                "route_prefix": challenger_prefix}})
     return Canary(Rollout(cfg, serve_cfg=ingress_app["cfg"], target=ingress_app["target"]))
+
+
+def test_the_prefix_router_reaches_the_running_engine_deployment_and_routes(ingress_app):
+    # What Serve's controller runs the engine deployment with, read back from the running app.
+    details = ingress_app["target"]._details()["applications"][APP]["deployments"]
+    router = details[engine_deployment_name(ingress_app["cfg"])]["deployment_config"]["request_router_config"]
+    assert router["request_router_class"] == PREFIX_ROUTER, router
+    assert router["request_router_kwargs"] == {"imbalanced_threshold": 4.0, "match_rate_threshold": 0.1}, router
+    # The router routed: its prefix tree (an actor per app and deployment) exists once requests went through it.
+    assert post_chat(ingress_app["base_url"], "u-prefix")[0] == ingress_app["label"]
+    status, body = http_json_dashboard(ingress_app["target"], "/api/v0/actors?filter_keys=class_name"
+                                       "&filter_predicates=%3D&filter_values=PrefixTreeActor&detail=false")
+    alive = [a for a in body["data"]["result"]["result"] if a["state"] == "ALIVE"]
+    assert status == 200 and alive, body
+
+
+def http_json_dashboard(target: LocalServe, path: str) -> tuple[int, dict]:
+    """A GET on the Ray dashboard the Serve target talks to, with its token."""
+    req = urllib.request.Request(target.url + path, headers={"Authorization": f"Bearer {target.token}"}
+                                 if target.token else {})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, json.loads(r.read())
 
 
 def test_the_ingress_replicas_split_and_shadow_to_the_challenger(ingress_app, served):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -132,3 +133,28 @@ def test_restored_optimizer_is_not_fresh(tmp_path):
     summary = adam_state_summary(optimizer)
     assert state.step == 6 and summary["adam_step"] == 6.0 and summary["adam_m_sumsq"] > 0
     assert scheduler.last_epoch == 6
+
+
+class SlowHooks(Recorder):
+    """Hooks that take time between steps, as MLflow logging and checkpoints do."""
+
+    def on_step(self, state, metrics):
+        super().on_step(state, metrics)
+        time.sleep(0.05)
+
+    def on_checkpoint(self, state, metrics):
+        super().on_checkpoint(state, metrics)
+        self.walls = {**getattr(self, "walls", {}), state.step: state.wall_time_s}
+        time.sleep(0.1)
+
+
+def test_wall_time_holds_what_runs_between_steps_and_step_time_does_not():
+    # bench_train times the run by wall_time_s: the hooks' time is the run's time too.
+    source = ListSource(packed_rows(12, seed=3), batch=2)
+    hooks, final, _ = run(source, lambda m, o: SlowHooks())
+    # 10 steps; between step 1 and step 10: 9 on_step sleeps and the checkpoints at 2, 4, 6, 8 (0.1 s each).
+    between = 9 * 0.05 + 4 * 0.1
+    assert final.wall_time_s >= final.train_time_s + between
+    assert final.wall_time_s - final.train_time_s < between + 2.0  # nothing else of size: eval at 4 and 8 only
+    # The clock at a checkpoint runs to that step's end: the window 2 -> 10 holds the hooks of steps 2 to 9.
+    assert hooks.walls[10] - hooks.walls[2] >= 8 * 0.05 + 4 * 0.1
