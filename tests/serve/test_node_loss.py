@@ -51,7 +51,7 @@ def test_a_lost_replica_node_is_replaced_while_the_other_replica_serves(worker_n
     not_lost = [(r.request_id, r.error[:80], loss.handled[r.request_id]) for r in loss.failed
                 if any(name not in lost_log for name, _ in loss.handled.get(r.request_id, []))]
     assert not not_lost, (not_lost, lost_log)
-    print(f"requests per replica log: {Counter(name for e in loss.handled.values() for name, _ in e)}; "
+    print(f"requests per replica log: {Counter(name for r in loss.requests for name, _ in loss.handled.get(r.request_id, []))}; "
           f"failed: {len(loss.failed)}, none in a live replica's log")
     # The surviving replica kept answering while the lost one was replaced, and the pair answers after.
     assert any(r.ok and loss.killed_at < r.end < loss.recovered_at for r in loss.requests), report
