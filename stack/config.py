@@ -87,6 +87,15 @@ class StackConfig:
         require(self.autoscale_nodes >= 0, "autoscale_nodes", f"must be >= 0, got {self.autoscale_nodes}")
         require(self.autoscale_idle_timeout_s > 0, "autoscale_idle_timeout_s",
                 f"must be > 0 seconds, got {self.autoscale_idle_timeout_s}")
+        require(self.serve_port + 1500 < 65536, "serve_port",
+                f"must stay below 64036: Serve's fallback proxy takes serve_port + 500 and + 1500, got {self.serve_port}")
+        taken = {getattr(self, n): n for n in ("ray_port", "dashboard_port", "ray_client_port", "mlflow_port", "s3_port",
+                                                 "memcached_port", "dashboard_agent_port", "prometheus_port",
+                                                 "metrics_export_port", "redis_port")}
+        for port in self.serve_fallback_ports:
+            require(port not in taken and not self.min_worker_port <= port <= self.max_worker_port, "serve_port",
+                    f"Serve's fallback proxy takes serve_port + 500 and + 1500 ({self.serve_fallback_ports}); "
+                    f"{port} is {taken.get(port, 'in the worker port range')}: pick another serve_port")
         require(0 < self.node_port_base and self.node_port_base + 100 * (self.nodes + 1) < 65536, "node_port_base",
                 f"node_port_base + 100 * (nodes + 1) must stay below 65536, got {self.node_port_base} with {self.nodes} nodes")
         if self.nodes:
@@ -112,6 +121,19 @@ class StackConfig:
     def state(self) -> Path:
         p = Path(self.state_dir)
         return p if p.is_absolute() else PROJECT_ROOT / p
+
+    @property
+    def serve_fallback_ports(self) -> tuple[int, int]:
+        """(HTTP, gRPC) ports of Serve's fallback proxy: the Python proxy Ray starts on the head beside HAProxy, to
+        which every node's HAProxy sends an app's requests while the app has no running ingress replica it knows of.
+        That includes every redeploy that rebuilds the app (a rollout or a canary's promotion pins a new version in
+        the app's args): Serve clears the app's ingress deployment while the build task runs, so for those seconds
+        HAProxy's only server for the route is this proxy, which still routes to the old replicas. Ray fixes its
+        ports (8500, 9500) for every cluster and binds them with SO_REUSEPORT, so on a machine with two stacks the
+        kernel handed part of one stack's requests to the other's proxy, which knows none of its routes: 168
+        requests of a canary promotion answered 404 over 16 s (issue 51). Each stack takes its own, 500 and 1500
+        above its serve_port (the default stack: Ray's own 8500 and 9500)."""
+        return self.serve_port + 500, self.serve_port + 1500
 
     @property
     def ray_temp_dir(self) -> Path:

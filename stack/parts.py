@@ -36,7 +36,8 @@ def python() -> str:
 
 
 def ports(cfg: StackConfig) -> dict[str, list[int]]:
-    ports = {"ray": [cfg.ray_port, cfg.dashboard_port, cfg.ray_client_port, cfg.dashboard_agent_port, cfg.metrics_export_port],
+    ports = {"ray": [cfg.ray_port, cfg.dashboard_port, cfg.ray_client_port, cfg.dashboard_agent_port, cfg.metrics_export_port,
+                     *cfg.serve_fallback_ports],
              "mlflow": [cfg.mlflow_port], "prometheus": [cfg.prometheus_port]}
     if cfg.s3:
         ports["s3"] = [cfg.s3_port, cfg.memcached_port, *objectstore.backend_ports(cfg.s3_port).values()]
@@ -45,6 +46,12 @@ def ports(cfg: StackConfig) -> dict[str, list[int]]:
     if cfg.gcs_redis:
         ports["redis"] = [cfg.redis_port]
     return ports
+
+
+def serve_fallback_env(cfg: StackConfig) -> dict[str, str]:
+    """The stack's own ports for Serve's fallback proxy (StackConfig.serve_fallback_ports: why)."""
+    http, grpc = cfg.serve_fallback_ports
+    return {"RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(http), "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(grpc)}
 
 
 def runs_prometheus(cfg: StackConfig) -> bool:
@@ -117,7 +124,7 @@ def specs(cfg: StackConfig, gcs_namespace: str = "") -> dict[str, list[tuple[str
     ray_env = {**token_env, **LOOPBACK_ENV, **STOP_NOW_ENV, "PYTHONPATH": str(PROJECT_ROOT),
                "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(Path(venv_bin).parent), "RAY_USAGE_STATS_ENABLED": "0",
                "RAY_SERVE_HTTP_HOST": "127.0.0.1", "RAY_SERVE_HTTP_PORT": str(cfg.serve_port), **SERVE_PROCESS_ENV,
-               **local_serve_env()}
+               **local_serve_env(), **serve_fallback_env(cfg)}
     # The cluster's own processes reach the registry too: a Serve app deployed unpinned (the offline render, as a
     # RayService's serveConfigV2 holds it) resolves `engine.model` when the cluster builds it, and each replica
     # resolves its adapters' aliases (serve/online/served_adapters.py), as a KubeRay pod does with the profile's URI.

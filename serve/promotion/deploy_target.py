@@ -133,10 +133,10 @@ class LocalServe:
 
     def replicas(self) -> list[dict[str, Any]]:
         """This app's replicas as the controller reports them: deployment, replica_id, state (STARTING, RUNNING,
-        STOPPING, ...), node_id, start_time_s."""
+        STOPPING, ...), node_id, pid, start_time_s."""
         app = self._details().get("applications", {}).get(self.app_name) or {}
         return [
-            {"deployment": name, **{k: r.get(k) for k in ("replica_id", "state", "node_id", "start_time_s")}}
+            {"deployment": name, **{k: r.get(k) for k in ("replica_id", "state", "node_id", "pid", "start_time_s")}}
             for name, dep in (app.get("deployments") or {}).items() for r in dep.get("replicas") or []
         ]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,6 +208,7 @@ class Request:
     ok: bool
     error: str = ""
     fingerprint: str = ""  # "<registered name>/<version>" of the engine that answered
+    request_id: str = ""  # sent as `x-request-id`: Serve logs it with the replica that handled the request
 
 
 class LoadThreads:
@@ -246,16 +249,17 @@ class ChatLoad(LoadThreads):
     def _stream(self, i: int) -> None:
         client = self.clients[i % len(self.clients)]
         while not self.stop.is_set():
-            start, error = time.monotonic(), ""
+            start, error, request_id = time.monotonic(), "", f"{REQUEST_ID_PREFIX}{uuid.uuid4().hex[:20]}"
             try:
                 r = client.chat.completions.create(
                     model="rayline", messages=[{"role": "user", "content": "Count: 1 2 3"}],
-                    max_tokens=self.max_tokens, extra_body={"ignore_eos": True})
+                    max_tokens=self.max_tokens, extra_body={"ignore_eos": True},
+                    extra_headers={"x-request-id": request_id})
                 ok, fingerprint = bool(r.choices[0].message.content), r.system_fingerprint or ""
             except Exception as e:
                 ok, error, fingerprint = False, f"{type(e).__name__}: {e}"[:300], ""
             with self._lock:
-                self.requests.append(Request(start, time.monotonic(), ok, error, fingerprint))
+                self.requests.append(Request(start, time.monotonic(), ok, error, fingerprint, request_id))
             if self.pause_s:
                 self.stop.wait(self.pause_s)
 
@@ -266,6 +270,22 @@ class ChatLoad(LoadThreads):
 
 
 NODE_LOSS_APP, NODE_LOSS_PREFIX, NODE_LOSS_MODEL = "rayline-test-node-loss", "/node-loss-test", "rayline-node-loss-test"
+REQUEST_ID_PREFIX = "rlt-"
+_ACCESS_LINE = re.compile(rf"\b({REQUEST_ID_PREFIX}[0-9a-f]{{20}})\b.* -- .*?\b(\d{{3}}|OK|ERROR) [\d.]+ms$", re.M)
+
+
+def handled_by(cfg, app: str) -> dict[str, list[tuple[str, str]]]:
+    """Request id -> [(replica log file, status)] of every request a replica of `app` finished, from Serve's access
+    log lines in the stack's replica logs (every node of a stack on this machine logs under the head's temp dir).
+    A replica writes a request's line when the request ends, whatever its status; one killed mid-request writes
+    none for it."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for log in sorted(Path(cfg.ray_temp_dir).glob("session_*/logs/serve/replica_*.log")):
+        if app not in log.name:
+            continue
+        for m in _ACCESS_LINE.finditer(log.read_text(errors="replace")):
+            out.setdefault(m.group(1), []).append((log.name, m.group(2)))
+    return out
 
 
 @dataclass
@@ -286,6 +306,8 @@ class NodeLoss:
     lost_replica: str
     events: list = field(default_factory=list)
     timeline_started: float = 0.0
+    handled: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    """Request id -> [(replica log file, status)]: the replicas that finished it (`handled_by`)."""
 
     @property
     def noticed_at(self) -> float | None:
@@ -323,7 +345,10 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
     registry.set_alias(NODE_LOSS_MODEL, "champion", version)
     target = LocalServe(NODE_LOSS_APP)
     try:
-        deploy(on_worker_nodes(serve_config_dict(NODE_LOSS_APP, NODE_LOSS_PREFIX, NODE_LOSS_MODEL)))
+        # Each replica logs every request it finishes with its id (access log, written at once): which replica
+        # handled each request (`handled_by`).
+        deploy(on_worker_nodes({**serve_config_dict(NODE_LOSS_APP, NODE_LOSS_PREFIX, NODE_LOSS_MODEL), "access_log": True,
+                                "runtime_env": {"env_vars": {"RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1"}}}))
         before = node_ids_by_label(cfg)
         load = ChatLoad(f"http://127.0.0.1:{cfg.serve_port}{NODE_LOSS_PREFIX}/v1", streams)
         with ReplicaTimeline(target) as timeline:
@@ -342,10 +367,16 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
                 recovered_at = time.monotonic() if recovered else None
                 replaced = dict(timeline.nodes)
                 time.sleep(warm_s)  # the replaced pair under the same load
-        return NodeLoss(streams, sorted(load.requests, key=lambda r: r.start), killed_at, joined_at, recovered_at,
+        loss = NodeLoss(streams, sorted(load.requests, key=lambda r: r.start), killed_at, joined_at, recovered_at,
                         before, node_ids_by_label(cfg), placed, replaced, gone, list(timeline.events), timeline.started)
     finally:
         target.delete()
+    # Read once the replicas have stopped: a replica's access lines may be buffered until then.
+    deadline = time.time() + 120
+    while target.state().status != "NOT_STARTED" and time.time() < deadline:
+        time.sleep(1)
+    loss.handled = handled_by(cfg, NODE_LOSS_APP)
+    return loss
 
 
 def on_worker_nodes(serve_cfg: dict, nodes: int = 2) -> dict:

@@ -12,7 +12,12 @@ of other weights (v3) does not. In order:
   shadow canary of v3 (answers wrong on the probe) with `target: kubernetes` (a RayService through the API server
       and operator stand-ins, tests/serve/kube_api.py): no client ever gets a challenger answer, the challenger
       answered copies, rolled back after its step, the champion answering throughout, the reason on the run and
-      the version, `challenger` removed.
+      the version, `challenger` removed;
+  a challenger that answers right but fails live requests (its app lost in the step), and one that answers right but
+      slowly (its replica paused), each rolled back on the stack's Prometheus figures (error ratio, TTFT) with the
+      probe passing it and no client request failed; a step with no live requests in Prometheus fails.
+The promotion (the champion app rebuilt on v2) runs beside a stand-in for another stack's Serve proxy on Ray's default
+fallback port (tests/serve/foreign_proxy.py): no request may reach it (issue 51's 404s).
 A champion replaced under load with no failed request is asserted by the canary's promotion (here) and by
 tests/serve/test_rollout.py; the Serve rolling update beneath is the same for either target.
 """
@@ -38,6 +43,7 @@ from serve.promotion.outcome import DEPLOYED, ROLLED_BACK
 from serve.promotion.rollout import Rollout
 from serve.promotion.rollout_config import Config as RolloutConfig
 from serve.online.serve_config import Config as ServeConfig
+from tests.serve.foreign_proxy import ForeignServeProxy, haproxy_fallbacks
 from tests.serve.serving import LoadThreads, free_port, openai_client, register_fresh, serve_config_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -210,7 +216,9 @@ def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(s
     watch = threading.Thread(target=lambda: done.append(rollout.watch()), daemon=True)
     hooks = registry.client()
     try:
-        with UserLoad(setup["base_url"]) as load:
+        # Beside another stack's Serve proxy on Ray's default fallback port (where that port is free; the stand-in
+        # answers 404 to everything): what took 168 of a promotion's requests when the stacks shared that port.
+        with ForeignServeProxy() as foreign, UserLoad(setup["base_url"]) as load:
             watch.start()
             deadline = time.time() + 60
             while not any(h.name == f"rayline-rollout-{MODEL}" for h in hooks.list_webhooks()):
@@ -238,6 +246,16 @@ def test_challenger_set_in_the_mlflow_ui_takes_its_shares_and_becomes_champion(s
     run = registry.client().get_run(result.run_id)
     steps = canary_steps(result.run_id)
     assert [s["share"] for s in steps] == [0.25, 0.5] and all(s["passed"] for s in steps), steps
+    # The promotion (the champion app rebuilt on v2: deploy -> v2 answering, `switch_s`) dropped no request: the load
+    # ran through it, none failed (above), none reached another stack's proxy, and the stack's HAProxy falls back to
+    # its own Serve proxy while the app is rebuilt, not to Ray's port that every stack would share.
+    switch_s = run.data.metrics["switch_s"]
+    promoted = load.between(done_at - switch_s, done_at)
+    assert len(promoted) >= switch_s, (switch_s, Counter(fp for _, fp in promoted))  # 3 clients: several a second
+    assert foreign.hits == 0, f"{foreign.hits} requests reached another stack's Serve proxy"
+    assert haproxy_fallbacks(local_stack) == {local_stack.serve_fallback_ports[0]}, haproxy_fallbacks(local_stack)
+    print(f"promotion: {len(promoted)} requests answered, 0 failed; foreign proxy on "
+          f"{foreign.port}: {'bound' if foreign.bound else 'held by another process'}")
     first_canary_s = run.data.metrics["first_canary_s"]
     print(f"\nchallenger set -> first canary step: {first_canary_s:.1f}s; whole canary {done_at - set_at:.1f}s; "
           f"{len(load.answers)} requests")
@@ -315,3 +333,114 @@ def test_shadow_canary_on_kubernetes_never_returns_a_challenger_answer(setup):
     assert [(s["share"], s["mode"]) for s in splits if s] == [(1.0, "shadow")] and splits[-1] is None, splits
     assert [a["name"] for a in configs[-1]["applications"]] == [APP]
     assert LocalServe(f"{APP}-challenger").current() is None
+
+
+def once_split(fault, limit_s: float = 600) -> threading.Thread:
+    """A thread that runs `fault()` once the champion's replicas were given a canary split (the step has begun)."""
+    champion = LocalServe(APP)
+
+    def wait_then_fault() -> None:
+        deadline = time.time() + limit_s
+        while time.time() < deadline:
+            if any((d.get("user_config") or {}).get("canary")
+                   for d in (champion.current() or {}).get("deployments") or []):
+                time.sleep(1)  # into the step's window
+                fault()
+                return
+            time.sleep(0.5)
+
+    return threading.Thread(target=wait_then_fault, daemon=True)
+
+
+def test_a_challenger_that_errors_is_rolled_back_on_prometheus_figures(setup):
+    """A challenger that passes the probe (v1: v2's weights) but fails live requests: its app goes away during the
+    step (a fault: the challenger's replicas lost), so every request the split sends it fails and the champion
+    answers it instead. The step is judged on the stack's Prometheus: the challenger's error ratio rolls it back,
+    while no client saw a failure and the probe alone would have passed it."""
+    v2 = f"{MODEL}/2"
+    rollout = setup["rollout"](steps=[0.5], step_s=12)
+    removed: list[float] = []
+    fault = once_split(lambda: (LocalServe(f"{APP}-challenger").delete(), removed.append(time.time())))
+    with UserLoad(setup["base_url"], clients=2) as load:
+        registry.set_alias(MODEL, "challenger", "1")
+        fault.start()
+        result = rollout.once("test:errors")
+        fault.join(timeout=60)
+    assert removed, "the challenger app was never removed: the split was never set"
+    assert result.status == ROLLED_BACK and result.version == "1", result.line()
+    assert load.errors == [], load.errors[:5]  # the champion answered what the challenger could not
+    (step,) = canary_steps(result.run_id)
+    assert step["metrics"]["source"] == "prometheus", step
+    ch = step["sides"]["challenger"]
+    assert ch["requests"] >= 5 and ch["errors"] > 0 and ch["error_ratio"] > 0, step
+    assert step["probe"]["challenger"] == step["probe"]["champion"], step  # not the probe: the live figures
+    assert any("challenger error ratio" in p for p in step["problems"]), step["problems"]
+    assert "challenger error ratio" in result.reason
+    assert served_by(setup["base_url"]) == v2 and registry.get_alias(MODEL, "challenger") is None
+    assert registry.client().get_model_version(MODEL, "1").tags[TAG_CANARY_STATUS] == "rolled_back"
+
+
+def test_a_slow_challenger_is_rolled_back_on_prometheus_figures(setup):
+    """A challenger that answers right (v1: v2's weights; the probe passes it) but slowly: its replica's process is
+    paused 2.5 s of every 2.7 s during the step (a fault: a starved or swapping machine). The step is judged on the
+    stack's Prometheus: the challenger's time to first token against the champion's rolls it back, with no client
+    request failed."""
+    import os
+    import signal
+
+    v2 = f"{MODEL}/2"
+    rollout = setup["rollout"](steps=[0.5], step_s=12, min_requests=3, max_ttft_p50_ratio=2.0, latency_slack_s=0.2)
+    stop, paused = threading.Event(), []
+
+    def pause_the_challenger() -> None:
+        pids = [r["pid"] for r in LocalServe(f"{APP}-challenger").replicas() if r["state"] == "RUNNING" and r["pid"]]
+        paused.extend(pids)
+        until = time.time() + CANARY["step_s"] + CANARY["metrics_lag_s"]  # the step's window, then it runs freely
+        while not stop.is_set() and time.time() < until:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            stop.wait(2.5)
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+            stop.wait(0.2)
+
+    fault = once_split(pause_the_challenger)
+    try:
+        with UserLoad(setup["base_url"]) as load:
+            registry.set_alias(MODEL, "challenger", "1")
+            fault.start()
+            result = rollout.once("test:slow")
+    finally:
+        stop.set()
+        fault.join(timeout=30)
+    assert paused, "the challenger was never paused: the split was never set"
+    assert result.status == ROLLED_BACK and result.version == "1", result.line()
+    assert load.errors == [], load.errors[:5]
+    (step,) = canary_steps(result.run_id)
+    assert step["metrics"]["source"] == "prometheus", step
+    ch, cp = step["sides"]["challenger"], step["sides"]["champion"]
+    assert ch["requests"] >= 3 and ch["errors"] == 0 and ch["ttft_p50_s"] > cp["ttft_p50_s"], step
+    assert step["probe"]["challenger"] == step["probe"]["champion"], step  # not the probe: the live figures
+    assert any("challenger ttft_p50_s" in p for p in step["problems"]), step["problems"]
+    assert served_by(setup["base_url"]) == v2 and registry.get_alias(MODEL, "challenger") is None
+
+
+def test_a_canary_step_without_evidence_fails(setup):
+    """A step in which Prometheus holds no live canary requests (no client sent any) fails, even with min_requests 0:
+    the canary never passes on figures it does not have. Run on the champion's replicas without a challenger app
+    (the split points at its route; no request goes there), as `Canary.run` runs each step."""
+    from serve.promotion.canary import Canary
+
+    rollout = setup["rollout"](steps=[0.25], step_s=6, min_requests=0, probe_uri="")
+    canary = Canary(rollout)
+    canary._version = "1"
+    steps: list[dict] = []
+    with registry.start_run("rayline-tests", "canary-without-evidence"):
+        try:
+            reason = canary._steps(steps, time.time())
+        finally:
+            canary._split(None)
+    (step,) = steps
+    assert step["metrics"]["source"] == "prometheus" and not step["passed"], step
+    assert step["sides"]["challenger"]["requests"] == step["sides"]["champion"]["requests"] == 0, step
+    assert "holds no canary requests" in reason, reason

@@ -12,6 +12,7 @@ client over HTTP, output on the stack's S3 (Swift). The figures are printed.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 import pytest
 
@@ -34,10 +35,24 @@ def test_a_lost_replica_node_is_replaced_while_the_other_replica_serves(worker_n
     # The replacement runs on the new worker-1, not on the lost node and not doubled up on worker-2.
     assert after["worker-1"] != before["worker-1"], after
     assert sorted(loss.replaced.values()) == sorted([after["worker-1"], before["worker-2"]]), (loss.replaced, after)
-    # Only requests sent to the lost replica may fail: those in flight when its node went, and those Serve's
-    # router still sent it before the controller marked it down (Ray's node health checks take seconds).
+    # Only requests sent to the lost replica may fail: those in flight when its node went, and those still sent to
+    # it before the controller marked it down (Ray's node health checks take seconds).
     assert loss.noticed_at is not None, loss.events
     assert all(r.start < loss.noticed_at for r in loss.failed), report
+    # Which replica handled each request, from the replicas' access logs (each logs a request's id when it ends,
+    # whatever its status). Every answered request is there with status 200: so the logs account for the requests
+    # the replicas finished. No failed request is in a log of a replica that lived on (the other replica or the
+    # replacement): every failure was the lost replica's, in flight on it when it was killed (it logged nothing for
+    # them) or sent to it after.
+    answered = [r for r in loss.requests if r.ok]
+    unlogged = [r.request_id for r in answered if "200" not in {s for _, s in loss.handled.get(r.request_id, [])}]
+    assert not unlogged, (len(unlogged), unlogged[:5])
+    lost_log = {name for entries in loss.handled.values() for name, _ in entries if loss.lost_replica.split("#")[-1] in name}
+    not_lost = [(r.request_id, r.error[:80], loss.handled[r.request_id]) for r in loss.failed
+                if any(name not in lost_log for name, _ in loss.handled.get(r.request_id, []))]
+    assert not not_lost, (not_lost, lost_log)
+    print(f"requests per replica log: {Counter(name for r in loss.requests for name, _ in loss.handled.get(r.request_id, []))}; "
+          f"failed: {len(loss.failed)}, none in a live replica's log")
     # The surviving replica kept answering while the lost one was replaced, and the pair answers after.
     assert any(r.ok and loss.killed_at < r.end < loss.recovered_at for r in loss.requests), report
     after_recovery = [r for r in loss.requests if r.start > loss.recovered_at]

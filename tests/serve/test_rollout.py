@@ -184,8 +184,25 @@ def test_gate_refuses_a_checkpoint_cut_short(setup):
     assert alias_version() == "2" and served_fingerprint(setup) == f"{MODEL}/2"
 
 
+class PinnedVersions(LoadThreads):
+    """The version the app's deployed config pins, as the Serve controller reports it every 0.25 s while it runs:
+    (time, version)."""
+
+    def __init__(self, target):
+        super().__init__(1, self._run)
+        self.target, self.seen = target, []
+
+    def _run(self, _: int) -> None:
+        from serve.online.app import served_model_of
+
+        while not self.stop.is_set():
+            pinned = served_model_of(self.target.current() or {})
+            self.seen.append((time.time(), pinned.version if pinned else None))
+            time.sleep(0.25)
+
+
 def test_broken_checkpoint_rolls_back_while_serving_continues(setup):
-    with Load(setup["base_url"], clients=2) as load:
+    with Load(setup["base_url"], clients=2) as load, PinnedVersions(setup["rollout"].target) as pinned:
         registry.set_alias(MODEL, "champion", "3")
         result = setup["rollout"].once("test:broken")
         time.sleep(2)
@@ -193,6 +210,14 @@ def test_broken_checkpoint_rolls_back_while_serving_continues(setup):
     assert "failed to start" in result.reason and f"rolled back to {MODEL}/2, answering again" in result.reason
     assert load.errors == [], load.errors[:5]
     assert {fp for _, _, fp in load.results} == {f"{MODEL}/2"}
+    # Requests ran through the failed deploy: while Serve held v3's config (from the deploy until the rollback put
+    # v2's back) clients sent requests, and v2 answered them within that time.
+    broken = [t for t, version in pinned.seen if version == "3"]
+    assert broken and pinned.seen[-1][1] == "2", pinned.seen
+    during = [fp for start, end, fp in load.results if broken[0] <= start and end <= broken[-1]]
+    print(f"failed deploy held v3's config {broken[-1] - broken[0]:.1f}s; {len(during)} requests sent and answered "
+          "in it")
+    assert len(during) >= 2, (broken[0], broken[-1], load.results)
     tags = version_tags("3")
     assert tags[rec.TAG_STATUS] == "rolled_back" and "failed to start" in tags[rec.TAG_FAILED_REASON]
     assert alias_version() == "2"

@@ -152,7 +152,8 @@ def test_a_rollback_of_an_unpinned_app_restores_the_previous_version_not_the_ali
 
 def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request(app, client):
     """`champion` on adapter version 3 rolls it out behind `rayline:a` while requests keep coming: the replica
-    stays (same id), no request fails, the new version answers within seconds, and the rollout run records it."""
+    stays (same id), no request fails, the new version answers a client within 5 s of the rollout's start, and the
+    rollout run records it."""
     from serve.promotion.outcome import DEPLOYED
 
     target = app["target"]
@@ -188,7 +189,8 @@ def test_promoting_an_adapter_version_swaps_it_in_place_without_a_failed_request
           f"{len(seen)} requests")
     assert not failures, failures[:3]
     run = registry.client().get_run(result.run_id)
-    assert run.data.metrics["switch_s"] <= 10.0 and switched <= 15.0
+    # Within 5 s as the docs claim (README, docs/BENCHMARKS.md): the rollout's start -> version 3 answering a client.
+    assert switched <= 5.0 and run.data.metrics["switch_s"] <= 5.0, (switched, run.data.metrics)
     after = [m for start, _, m in seen if start > begun + switched]  # sent once version 3 had answered
     assert after and set(after) == {f"rayline:a@{ADAPTERS}/3"}  # once switched, never back
     assert {r["replica_id"] for r in target.replicas() if r["state"] == "RUNNING"} == replicas
