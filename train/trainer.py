@@ -19,6 +19,7 @@ from pipelines import metrics as metrics_api
 from pipelines import registry, storage
 from pipelines.config import to_dict
 from pipelines.ray_cluster import init_ray, ray_address
+from pipelines.resource_wait import ResourceWatch
 from train.config import TrainConfig
 from train.fault_injection import FAULT_ENV_VARS
 from train.preflight import RunPlan, plan_run
@@ -136,7 +137,8 @@ def main(cfg: TrainConfig) -> TrainResult:
     connect_ray()
     plan = plan_run(cfg, ray.cluster_resources())
     with training_run(cfg, plan) as run_id:
-        fit_result = build_trainer(cfg, plan, run_id).fit()
+        with ResourceWatch("train", max_wait_s=cfg.scaling.max_wait_s):
+            fit_result = build_trainer(cfg, plan, run_id).fit()
         result = result_from_fit(cfg, plan, run_id, fit_result)
         client = registry.client()
         client.set_tag(run_id, TAG_LATEST_CHECKPOINT, result.checkpoint_uri)
