@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pipelines.config import parse_stage_args
 from pipelines.ray_cluster import init_ray
+from pipelines.resource_wait import ResourceWaitTimeout
 from serve.batch.config import Config
 from serve.batch.pipeline import Result, main
 
@@ -15,7 +16,10 @@ from serve.batch.pipeline import Result, main
 def cli(argv: list[str] | None = None) -> Result:
     cfg = parse_stage_args(Config, __doc__.splitlines()[0], argv)
     init_ray()
-    return main(cfg)
+    try:
+        return main(cfg)
+    except ResourceWaitTimeout as e:
+        raise SystemExit(f"batch_infer failed: {e}") from None
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ from typing import Callable
 REPORT_AFTER_S = 10.0
 """Work pending this long is a wait (a replica or an engine normally takes a moment to be placed)."""
 POLL_S = 2.0
+GAP_S = 15.0
+"""A wait goes on through a gap this short with nothing pending: Ray Train gives up on a placement group it cannot
+place (after RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) and asks again with a new one."""
 REPEAT_S = 60.0
 """While a wait lasts, the report is printed again this often (with the figures of the moment)."""
 IGNORED = ("memory", "object_store_memory")
@@ -200,7 +203,8 @@ class ResourceWatch:
     """A context manager that watches, on a daemon thread, for the work of this process's Ray job (or with
     `name_prefix`, of the actors and placement groups so named) waiting for resources; prints a WaitReport once a
     wait lasts `report_after_s`, and with `max_wait_s` > 0 interrupts the main thread when a wait lasts that long,
-    which leaves the block as ResourceWaitTimeout carrying the report. Needs `ray.init` done (init_ray)."""
+    which leaves the block as ResourceWaitTimeout carrying the report (also where a library handles the interrupt
+    itself: Tune stops its trials and returns). Needs `ray.init` done (init_ray)."""
 
     stage: str
     max_wait_s: float = 0.0
@@ -228,12 +232,12 @@ class ResourceWatch:
         with self._inside:
             self._stop.set()
         if self._failed is not None and exc_type is None:
-            # The block ended as the watcher gave up: its interrupt is on its way; the work is done, so take it.
+            # The block returned after the watcher gave up: a library that handles SIGINT itself (Tune stops its
+            # trials and returns) took the interrupt, or it is still on its way (take it here).
             try:
-                time.sleep(1.0)
+                time.sleep(0.5)
             except KeyboardInterrupt:
                 pass
-            return False
         self._thread.join(timeout=self.poll_s + 15)
         if self._failed is not None:
             raise ResourceWaitTimeout(self._failed.message()) from None
@@ -241,16 +245,22 @@ class ResourceWatch:
 
     def _watch(self) -> None:
         seen: dict[str, float] = {}
-        last_report = 0.0
+        waiting_since = last_pending = last_report = 0.0
         while not self._stop.wait(self.poll_s):
             try:
                 now = time.monotonic()
                 pending = pending_work(self._job, self.name_prefix, self.address)
                 seen = {k: seen.get(k, now) for k in pending}  # first seen pending, for what is pending still
                 if not seen:
-                    last_report = 0.0
+                    if waiting_since and now - last_pending > GAP_S:
+                        waiting_since = last_report = 0.0  # the wait is over
                     continue
-                waited = now - min(seen.values())
+                last_pending = now
+                if not waiting_since and now - min(seen.values()) >= self.report_after_s:
+                    waiting_since = min(seen.values())
+                if not waiting_since:
+                    continue  # work placed within moments: a busy cluster, not a wait
+                waited = now - waiting_since
                 timed_out = bool(self.max_wait_s) and waited >= self.max_wait_s
                 if waited < self.report_after_s or (not timed_out and last_report and now - last_report < self.repeat_s):
                     continue

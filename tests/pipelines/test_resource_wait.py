@@ -8,6 +8,7 @@ import time
 import pytest
 
 from pipelines.resource_wait import Pending, ResourceWaitTimeout, ResourceWatch, WaitReport, add_up
+from tests.serve.held_cpus import APP, serve_app_holding_cpus
 
 
 def test_report_names_the_ask_the_free_and_the_holders():
@@ -32,21 +33,10 @@ def test_add_up_leaves_out_bundle_and_node_markers():
     assert add_up(bundles) == {"CPU": 1.5}
 
 
-HOLD_APP = "hold-cpus"
-
-
 @pytest.fixture()
 def cpus_held_by_serve_app(ray_session):
-    """A Serve app (tests/serve/echo_app.py) whose one replica holds all but 0.5 of the cluster's CPUs."""
-    from ray import serve
-
-    from tests.serve.echo_app import Echo
-
-    held = float(ray_session.cluster_resources()["CPU"]) - 0.5
-    serve.run(Echo.options(ray_actor_options={"num_cpus": held}).bind("held", False), name=HOLD_APP,
-              route_prefix=f"/{HOLD_APP}")
-    yield held
-    serve.delete(HOLD_APP)
+    with serve_app_holding_cpus(left=0.5) as held:
+        yield held
 
 
 def test_a_job_whose_cpus_a_serve_app_holds_says_so_and_fails_at_max_wait_s(cpus_held_by_serve_app, ray_session):
@@ -62,9 +52,9 @@ def test_a_job_whose_cpus_a_serve_app_holds_says_so_and_fails_at_max_wait_s(cpus
     first = watch.reports[0]
     assert first.waited_s < 30
     assert first.asked and add_up(p.resources for p in first.asked)["CPU"] >= 1
-    assert first.holders[f"Serve app {HOLD_APP}"]["CPU"] == pytest.approx(cpus_held_by_serve_app)
+    assert first.holders[f"Serve app {APP}"]["CPU"] == pytest.approx(cpus_held_by_serve_app)
     assert first.free["CPU"] <= 0.5 + 1e-6
-    assert lines[0].startswith("test-job: waiting ") and f"Serve app {HOLD_APP} {{CPU: {cpus_held_by_serve_app:g}}}" in lines[0]
+    assert lines[0].startswith("test-job: waiting ") and f"Serve app {APP} {{CPU: {cpus_held_by_serve_app:g}}}" in lines[0]
     assert "autoscaler: none reported to Ray" in lines[0]
     # It gave up at max_wait_s (plus a poll and the state reads), with the report as the error.
     assert 35 <= took < 60
