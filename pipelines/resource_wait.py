@@ -73,7 +73,7 @@ class WaitReport:
         return "\n".join([
             f"{self.stage}: waiting {self.waited_s:.0f}s for resources{limit}",
             f"  asked:      {fmt(asked)} pending: {items}{more}",
-            f"  free:       {fmt(self.free)} of {fmt(self.total)}{per_node}",
+            f"  free:       {fmt(self.free, keys=self.total)} of {fmt(self.total)}{per_node}",
             f"  held by:    {held}",
             f"  autoscaler: {self.autoscaler}",
             "  to go on:   free resources (e.g. `python -m pipelines.serve -c CONFIG --delete` removes a Serve app, "
@@ -81,8 +81,13 @@ class WaitReport:
         ])
 
 
-def fmt(resources: dict[str, float]) -> str:
-    shown = {k: v for k, v in sorted(resources.items()) if v and k not in IGNORED and not k.startswith("node:")}
+def fmt(resources: dict[str, float], keys: dict[str, float] | None = None) -> str:
+    """`{CPU: 1.5, GPU: 1}`; with `keys`, each of those resources shown, at 0 where `resources` lacks it (Ray leaves a
+    resource out of `available_resources()` once none of it is free)."""
+    if keys is not None:
+        resources = {k: resources.get(k, 0.0) for k in keys}
+    shown = {k: v for k, v in sorted(resources.items())
+             if (v or keys is not None) and k not in IGNORED and not k.startswith("node:")}
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in shown.items()) + "}"
 
 
