@@ -171,7 +171,11 @@ def holders(job_id: str | None = None, address: str | None = None) -> dict[str, 
 
 def autoscaler_shapes() -> str:
     """Whether an autoscaler can add nodes, and of what shape: the node groups Ray's autoscaler (v2; KubeRay's
-    in-tree autoscaler) reported to the GCS. Needs this process to have joined Ray."""
+    in-tree autoscaler) reported to the GCS."""
+    import ray
+
+    if not ray.is_initialized():
+        return "not read (this process has not joined Ray: `ray status` on the head shows it)"
     try:
         from ray._private.state import state
 
@@ -186,21 +190,30 @@ def autoscaler_shapes() -> str:
         for g in groups)
 
 
-def cluster_figures() -> tuple[dict[str, float], list[float], dict[str, float]]:
-    """(free, free CPUs per node largest first, total) of the Ray this process joined."""
+def cluster_figures(held: dict[str, dict[str, float]], address: str | None = None
+                    ) -> tuple[dict[str, float], list[float], dict[str, float]]:
+    """(free, free CPUs per node largest first, total). From the Ray this process joined; in a process that has not
+    (a Serve deploy through the dashboard), the alive nodes' totals less what `held` adds up to, and no per-node
+    figures."""
     import ray
 
-    from pipelines.ray_cluster import free_cpus_per_node
+    if ray.is_initialized():
+        from pipelines.ray_cluster import free_cpus_per_node
 
-    return add_up([ray.available_resources()]), free_cpus_per_node(), add_up([ray.cluster_resources()])
+        return add_up([ray.available_resources()]), free_cpus_per_node(), add_up([ray.cluster_resources()])
+    state, listing = _state(address)
+    total = add_up(n.resources_total for n in listing(state.list_nodes, filters=[("state", "=", "ALIVE")], detail=True))
+    used = add_up(held.values())
+    return {k: max(0.0, round(v - used.get(k, 0.0), 6)) for k, v in total.items()}, [], total
 
 
 def wait_report(stage: str, pending: list[Pending], waited_s: float, job_id: str | None = None,
                 address: str | None = None, max_wait_s: float = 0.0) -> WaitReport:
     """The figures of a wait, read now."""
-    free, per_node, total = cluster_figures()
+    held = holders(job_id, address)
+    free, per_node, total = cluster_figures(held, address)
     return WaitReport(stage=stage, waited_s=waited_s, asked=pending, free=free, free_per_node=per_node, total=total,
-                      holders=holders(job_id, address), autoscaler=autoscaler_shapes(), max_wait_s=max_wait_s)
+                      holders=held, autoscaler=autoscaler_shapes(), max_wait_s=max_wait_s)
 
 
 @dataclass
@@ -209,7 +222,8 @@ class ResourceWatch:
     `name_prefix`, of the actors and placement groups so named) waiting for resources; prints a WaitReport once a
     wait lasts `report_after_s`, and with `max_wait_s` > 0 interrupts the main thread when a wait lasts that long,
     which leaves the block as ResourceWaitTimeout carrying the report (also where a library handles the interrupt
-    itself: Tune stops its trials and returns). Needs `ray.init` done (init_ray)."""
+    itself: Tune stops its trials and returns). Watching a job's work needs `ray.init` done (init_ray); watching by
+    `name_prefix` does not (the state API through the dashboard at `address`, or RAY_ADDRESS)."""
 
     stage: str
     max_wait_s: float = 0.0

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import yaml
 
 from pipelines.config import ConfigError, load_config
-from pipelines.ray_cluster import init_ray
 from pipelines.resource_wait import SERVE_REPLICA_PREFIX, ResourceWaitTimeout, ResourceWatch
 from serve import rollout_record as rec
 from serve.app import render_serve_config, resolve_served_adapters, resolve_served_model, served_model_of
@@ -48,9 +47,9 @@ def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> Serv
     adapters = resolve_served_adapters(cfg, served) if cfg.lora.slots else None
     target = LocalServe(cfg.app_name, dashboard_url)
     before = served_model_of(target.current() or {})
-    init_ray()  # the resource watch reads the cluster's free resources and its autoscaler's node groups
     target.apply(render_serve_config(cfg, served, adapters))
-    with ResourceWatch("serve", max_wait_s=cfg.max_wait_s, name_prefix=f"{SERVE_REPLICA_PREFIX}{cfg.app_name}#"):
+    with ResourceWatch("serve", max_wait_s=cfg.max_wait_s, name_prefix=f"{SERVE_REPLICA_PREFIX}{cfg.app_name}#",
+                       address=dashboard_url or None):
         healthy = wait_until_healthy(target.state, served, timeout_s, fail_fast=False, applied_at=start)
     if not healthy.ok:
         raise DeployError(f"{target.describe()}: {healthy.reason}")

@@ -59,3 +59,28 @@ def test_a_job_whose_cpus_a_serve_app_holds_says_so_and_fails_at_max_wait_s(cpus
     # It gave up at max_wait_s (plus a poll and the state reads), with the report as the error.
     assert 35 <= took < 60
     assert str(failed.value).startswith("test-job: waiting ") and "fails at max_wait_s=35" in str(failed.value)
+
+
+def test_a_serve_deploy_whose_replica_cannot_be_placed_says_so_and_fails_at_max_wait_s(cpus_held_by_serve_app,
+                                                                                       ray_session):
+    """What `python -m pipelines.serve` watches: the app's replicas by name (SERVE_REPLICA::<app>#...)."""
+    from ray import serve
+
+    from pipelines.resource_wait import SERVE_REPLICA_PREFIX
+    from tests.serve.echo_app import Echo
+
+    lines: list[str] = []
+    try:
+        with pytest.raises(ResourceWaitTimeout) as failed:
+            with ResourceWatch("serve", max_wait_s=25, name_prefix=f"{SERVE_REPLICA_PREFIX}wants-cpus#",
+                               print_fn=lines.append) as watch:
+                # serve.run returns once the app runs, as pipelines.serve waits for it to be healthy
+                serve.run(Echo.options(ray_actor_options={"num_cpus": 1}).bind("wants", False), name="wants-cpus",
+                          route_prefix="/wants-cpus")
+    finally:
+        serve.delete("wants-cpus")
+    first = watch.reports[0]
+    assert first.waited_s < 30
+    assert [p.what.split()[0] for p in first.asked] == ["actor"] and first.asked[0].resources == {"CPU": 1.0}
+    assert first.holders[f"Serve app {APP}"]["CPU"] == pytest.approx(cpus_held_by_serve_app)
+    assert "fails at max_wait_s=25" in str(failed.value) and f"Serve app {APP}" in lines[0]
