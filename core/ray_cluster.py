@@ -72,10 +72,14 @@ def node_free_cpus() -> float:
     """The most CPUs one task can get now: the largest free CPU count of any alive node. A task asking for more
     waits forever, even when the cluster as a whole has them (CPUs are spread over nodes, or held by a
     running app)."""
+    return max(free_cpus_per_node(), default=0.0)
+
+
+def free_cpus_per_node() -> list[float]:
+    """Free CPUs of each alive node, largest first."""
     from ray._private import state
 
-    free = [float(r.get("CPU", 0.0)) for r in state.available_resources_per_node().values()]
-    return max(free, default=0.0)
+    return sorted((float(r.get("CPU", 0.0)) for r in state.available_resources_per_node().values()), reverse=True)
 
 
 def read_parquet(paths, **kwargs) -> "ray.data.Dataset":

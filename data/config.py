@@ -71,6 +71,10 @@ class Config:
     overwrite: bool = False
     """Rebuild a version whose manifest already exists (otherwise the run returns it untouched)."""
     mlflow_experiment: str = "rayline-data"
+    max_wait_s: float = 0.0
+    """Seconds this stage may wait for cluster resources before it fails with the wait's report (what it asked for,
+    what is free, what holds the rest, whether an autoscaler can add nodes: core/resource_wait.py); 0 = wait as
+    long as it takes (the report is printed all the same, 10 s into a wait and every minute after)."""
 
     def __post_init__(self):
         require(len(self.inputs) > 0, "inputs", "give at least one file or directory")
@@ -78,6 +82,7 @@ class Config:
             for i, uri in enumerate(getattr(self, name)):
                 require(bool(str(uri).strip()), f"{name}[{i}]", "empty path")
         require(bool(self.output_uri.strip()), "output_uri", "empty path")
+        require(self.max_wait_s >= 0, "max_wait_s", f"must be >= 0 (0 = no limit), got {self.max_wait_s}")
         require(bool(self.tokenizer.strip()), "tokenizer", "empty; give a path, s3:// URI, hub id or models:/ ref")
         require(8 <= self.seq_len <= 1 << 20, "seq_len", f"{self.seq_len} is out of range (8 .. 1048576)")
         require(0.0 <= self.eval_fraction < 1.0, "eval_fraction", f"{self.eval_fraction} must be in [0, 1)")

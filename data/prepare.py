@@ -36,6 +36,7 @@ from data.tokens import (
 )
 from core import metrics, storage
 from core.ray_cluster import cluster_cpus, init_ray, node_free_cpus
+from core.resource_wait import ResourceWatch
 
 
 @dataclass
@@ -182,7 +183,8 @@ def main(cfg: Config) -> Result:
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
                            threads)
     with tracking.data_run(cfg, version, manifest_uri) as run_id:
-        totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan))
+        with ResourceWatch("prepare_data", max_wait_s=cfg.max_wait_s):
+            totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
                                      totals, run_id, num_shards)
         # How it was built, not what it holds: the same version built elsewhere has other values here.

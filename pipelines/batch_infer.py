@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from core.config import parse_stage_args
 from core.ray_cluster import init_ray
+from core.resource_wait import ResourceWaitTimeout
 from serve.batch.config import Config
 from serve.batch.pipeline import Result, main
 from serve.promotion.gate import judge_for
@@ -17,7 +18,10 @@ from serve.promotion.gate import judge_for
 def cli(argv: list[str] | None = None) -> Result:
     cfg = parse_stage_args(Config, __doc__.splitlines()[0], argv)
     init_ray()
-    return main(cfg, judge_for(cfg.gate_config))
+    try:
+        return main(cfg, judge_for(cfg.gate_config))
+    except ResourceWaitTimeout as e:
+        raise SystemExit(f"batch_infer failed: {e}") from None
 
 
 if __name__ == "__main__":

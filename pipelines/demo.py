@@ -358,6 +358,10 @@ def print_summary(r: DemoResult, scfg: stack.StackConfig) -> None:
                    f"{r.adapter_served_by.split('@')[0]} at {LORA_APP['route_prefix']}/v1",
         "adapter chat": f"{r.question!r} -> {r.adapter_answer!r} "
                         f"({'right' if r.adapter_answer.strip() == QUESTION[1] else 'wrong'}; {r.adapter_served_by})",
+        "left running": f"Serve apps rayline and {LORA_APP['app_name']} (0.5 CPU each); the batch configs' CPU "
+                        "defaults fit beside them (engine 0.75 + tasks 0.25); train and tune are sized for the whole "
+                        "stack: delete the apps first (docs/OPERATIONS.md, \"A job that waits\"); a job that waits "
+                        "says why",
         "total time": f"{r.total_s:.0f}s",
         "lineage (MLflow UI)": f"{registry.tracking_uri()}/#/models/{r.model_name}/versions/{r.model_version}",
     }

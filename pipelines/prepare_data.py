@@ -14,6 +14,7 @@ from data.manifest import RejectFractionError, summary_table
 from data.prepare import main as prepare
 from core.config import parse_stage_args
 from core.ray_cluster import init_ray
+from core.resource_wait import ResourceWaitTimeout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     init_ray()
     try:
         result = prepare(cfg)
-    except (RejectFractionError, FileNotFoundError, ValueError) as e:
+    except (RejectFractionError, FileNotFoundError, ValueError, ResourceWaitTimeout) as e:
         print(f"prepare_data failed: {e}", file=sys.stderr)
         return 1
     print(summary_table(result.manifest, result.manifest_uri, result.wall_s, result.skipped))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from core.config import ConfigError, load_config
+from core.resource_wait import SERVE_REPLICA_PREFIX, ResourceWaitTimeout, ResourceWatch
 from serve.promotion import rollout_record as rec
 from serve.online.app import render_serve_config, resolve_served_adapters, resolve_served_model, served_model_of
 from serve.promotion.deploy_target import DeployError, LocalServe
@@ -47,7 +48,9 @@ def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> Serv
     target = LocalServe(cfg.app_name, dashboard_url)
     before = served_model_of(target.current() or {})
     target.apply(render_serve_config(cfg, served, adapters))
-    healthy = wait_until_healthy(target.state, served, timeout_s, fail_fast=False, applied_at=start)
+    with ResourceWatch("serve", max_wait_s=cfg.max_wait_s, name_prefix=f"{SERVE_REPLICA_PREFIX}{cfg.app_name}#",
+                       address=dashboard_url or None):
+        healthy = wait_until_healthy(target.state, served, timeout_s, fail_fast=False, applied_at=start)
     if not healthy.ok:
         raise DeployError(f"{target.describe()}: {healthy.reason}")
     answer = wait_until_answering(cfg.base_url(), cfg.served_model_id, served.label, "Hello", 120.0, api_key=key)
@@ -92,7 +95,8 @@ def cli(argv: list[str] | None = None) -> int:
         return 0
     try:
         result = main(cfg, args.dashboard)
-    except (DeployError, LookupError, FileNotFoundError, ValueError) as e:  # ValueError: an adapter that does not fit
+    # ValueError: an adapter that does not fit; ResourceWaitTimeout: replicas not placed within max_wait_s
+    except (DeployError, LookupError, FileNotFoundError, ValueError, ResourceWaitTimeout) as e:
         print(f"serve failed: {e}", file=sys.stderr)
         return 1
     print(f"serving {result.model} as {cfg.served_model_id!r} at {result.url} (ready in {result.seconds:.0f}s)")

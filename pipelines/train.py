@@ -13,6 +13,7 @@ import sys
 from dataclasses import asdict
 
 from core.config import ConfigError, parse_stage_args
+from core.resource_wait import ResourceWaitTimeout
 from train.config import TrainConfig
 
 
@@ -25,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except ResourceWaitTimeout as e:
+        print(f"train failed: {e}", file=sys.stderr)
+        return 1
     first = f"{result.first_eval_loss:.4f}" if result.first_eval_loss is not None else "n/a"
     last = f"{result.eval_loss:.4f}" if result.eval_loss is not None else "n/a"
     print(f"run        {result.run_name} (MLflow run {result.mlflow_run_id})")

@@ -13,6 +13,7 @@ import sys
 from dataclasses import asdict
 
 from core.config import ConfigError, parse_stage_args
+from core.resource_wait import ResourceWaitTimeout
 from train.tune_config import TuneConfig
 
 
@@ -25,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except ResourceWaitTimeout as e:
+        print(f"tune failed: {e}", file=sys.stderr)
+        return 1
     print(f"search   {result.search_name} (MLflow parent run {result.parent_run_id})")
     print(f"capacity {result.max_concurrent_trials} trial(s) at a time: {result.capacity}")
     for t in result.trials:

@@ -138,11 +138,16 @@ class ScalingConfig:
     node_labels: dict[str, str] = field(default_factory=dict)
     """Ray node labels the training workers must land on, in Ray's label-selector syntax (`value`, `!value`,
     `in(a,b)`), e.g. a KubeRay worker group's labels; {} = any node. Ray Train's `ScalingConfig.label_selector`."""
+    max_wait_s: float = 0.0
+    """Seconds this stage may wait for cluster resources before it fails with the wait's report (what it asked for,
+    what is free, what holds the rest, whether an autoscaler can add nodes: core/resource_wait.py); 0 = wait as
+    long as it takes (the report is printed all the same, 10 s into a wait and every minute after)."""
 
     def __post_init__(self):
         require(self.num_workers >= 1, "scaling.num_workers", "must be >= 1")
         check_node_labels(self.node_labels, "scaling.node_labels")
         require(self.data_cpus >= 0, "scaling.data_cpus", "must be >= 0")
+        require(self.max_wait_s >= 0, "scaling.max_wait_s", f"must be >= 0 (0 = no limit), got {self.max_wait_s}")
         for k, v in self.resources_per_worker.items():
             require(v >= 0, f"scaling.resources_per_worker.{k}", f"must be >= 0, got {v}")
         gpus = self.resources_per_worker.get("GPU", 0)

@@ -19,6 +19,7 @@ from core import metrics as metrics_api
 from core import registry, storage
 from core.config import to_dict
 from core.ray_cluster import init_ray, ray_address
+from core.resource_wait import ResourceWatch
 from train.config import TrainConfig
 from train.preflight import RunPlan, plan_run
 from train.step_hook import STEP_HOOK_ENV_VARS
@@ -139,7 +140,8 @@ def main(cfg: TrainConfig) -> TrainResult:
     connect_ray()
     plan = plan_run(cfg, ray.cluster_resources())
     with training_run(cfg, plan) as run_id:
-        fit_result = build_trainer(cfg, plan, run_id).fit()
+        with ResourceWatch("train", max_wait_s=cfg.scaling.max_wait_s):
+            fit_result = build_trainer(cfg, plan, run_id).fit()
         result = result_from_fit(cfg, plan, run_id, fit_result)
         client = registry.client()
         client.set_tag(run_id, TAG_LATEST_CHECKPOINT, result.checkpoint_uri)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from core import registry, storage
 from core.config import ConfigError, flatten, from_dict, to_dict
+from core.resource_wait import ResourceWatch
 from train.capacity import TRIAL_DRIVER_CPUS, runs_that_fit
 from train.preflight import plan_run
 from train.tracking import MAX_PARAM_LEN, log_new_params, register_export, training_run
@@ -176,7 +177,8 @@ def main(cfg: TuneConfig) -> TuneResult:
             ),
             run_config=tune.RunConfig(name="tune", storage_path=path, storage_filesystem=fs),
         )
-        grid = tuner.fit()
+        with ResourceWatch("tune", max_wait_s=cfg.max_wait_s):
+            grid = tuner.fit()
         result = TuneResult(cfg.search_name, parent_id, concurrent, arithmetic)
         result.trials = _summaries(cfg, list(grid), parent_id, plan.total_steps)
         finished = [t for t in result.trials if t.finished and t.metric is not None]

@@ -90,11 +90,16 @@ class TuneConfig:
     """MLflow experiment of the parent run and its trial child runs."""
     register_as: str = ""
     """Registered model for the best trial's export; empty = the train config's mlflow.register_as."""
+    max_wait_s: float = 0.0
+    """Seconds the search may wait (no trial placed) for cluster resources before it fails with the wait's report (what it asked for,
+    what is free, what holds the rest, whether an autoscaler can add nodes: core/resource_wait.py); 0 = wait as
+    long as it takes (the report is printed all the same, 10 s into a wait and every minute after)."""
 
     def __post_init__(self):
         require(bool(RUN_NAME.match(self.search_name)), "search_name",
                 f"{self.search_name!r} must be 1-100 letters, digits, '.', '_' or '-' (it names a directory)")
         require(self.num_samples >= 1, "num_samples", "must be >= 1")
+        require(self.max_wait_s >= 0, "max_wait_s", f"must be >= 0 (0 = no limit), got {self.max_wait_s}")
         require(self.max_concurrent_trials >= 0, "max_concurrent_trials", "must be >= 0 (0 = derive)")
         require(bool(self.space), "space", "name at least one TrainConfig field to search over")
         base = self.base_train_config()

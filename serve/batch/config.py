@@ -91,6 +91,10 @@ class Config:
     cluster it must be storage every node reaches (s3://, or a shared mount). Deleted when the job ends."""
     progress_every_s: float = 10.0
     """Seconds between progress lines in the job log (rows written / planned, rows/s, ETA); 0 = none."""
+    max_wait_s: float = 0.0
+    """Seconds this stage may wait for cluster resources before it fails with the wait's report (what it asked for,
+    what is free, what holds the rest, whether an autoscaler can add nodes: core/resource_wait.py); 0 = wait as
+    long as it takes (the report is printed all the same, 10 s into a wait and every minute after)."""
     num_engines: int = 1
     """Engine actors: a fixed pool, all started at once (each holds engine.cpus_per_engine CPUs)."""
     node_labels: dict[str, str] = field(default_factory=dict)
@@ -126,6 +130,7 @@ class Config:
         require(not unknown, "metrics", f"unknown metric {unknown[:1]}; known: {list(METRICS)}")
         require(self.limit is None or self.limit >= 1, "limit", f"must be at least 1 or null, got {self.limit}")
         require(self.progress_every_s >= 0, "progress_every_s", f"must be >= 0, got {self.progress_every_s}")
+        require(self.max_wait_s >= 0, "max_wait_s", f"must be >= 0 (0 = no limit), got {self.max_wait_s}")
         require(self.num_engines >= 1, "num_engines", f"must be at least 1, got {self.num_engines}")
         for i, ref in enumerate(self.adapters):
             require(isinstance(ref, str) and bool(ref.strip()), f"adapters[{i}]", "must name an adapter")

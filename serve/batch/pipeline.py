@@ -28,6 +28,7 @@ import ray.data
 
 from core import metrics, storage
 from core.ray_cluster import init_ray
+from core.resource_wait import ResourceWatch
 from serve.online import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
@@ -234,7 +235,7 @@ def main(cfg: Config, judge=None) -> Result:
         print(f"batch_infer: resuming, {resumed_rows:,} of {planned:,} rows already written to {cfg.output_uri}; "
               f"answering the rest", flush=True)
     metrics.gauge("rayline_batch_rows_planned", planned, **metric_tags(cfg, info))
-    with job_checkpoint(cfg):
+    with job_checkpoint(cfg), ResourceWatch("batch_infer", max_wait_s=cfg.max_wait_s):
         if cfg.progress_every_s:
             with ProgressReporter(cfg.output_uri, planned, cfg.progress_every_s):
                 run_pipeline(cfg, fmt, model_path, info, adapters, compared)

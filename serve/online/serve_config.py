@@ -190,6 +190,10 @@ class Config:
     health_check_timeout_s: float = 30.0
     graceful_shutdown_timeout_s: float = 30.0
     """How long a retiring replica may finish its in-flight requests."""
+    max_wait_s: float = 0.0
+    """Seconds a deploy may wait for its replicas to be placed for cluster resources before it fails with the wait's report (what it asked for,
+    what is free, what holds the rest, whether an autoscaler can add nodes: core/resource_wait.py); 0 = wait as
+    long as it takes (the report is printed all the same, 10 s into a wait and every minute after)."""
     http_host: str = "127.0.0.1"
     """Where Serve's HTTP proxy listens: loopback locally, 0.0.0.0 in a pod."""
     http_port: int = 0
@@ -211,6 +215,7 @@ class Config:
         require(0 <= self.max_surge_percent <= 100, "max_surge_percent", f"must be in [0, 100], got {self.max_surge_percent}")
         check_node_labels(self.node_labels, "node_labels")
         require(self.ingress_cpus >= 0, "ingress_cpus", f"must be >= 0, got {self.ingress_cpus}")
+        require(self.max_wait_s >= 0, "max_wait_s", f"must be >= 0 (0 = no limit), got {self.max_wait_s}")
         require(self.ingress_replicas >= 1, "ingress_replicas", f"must be >= 1, got {self.ingress_replicas}")
         require(self.stream_batching_interval_ms is None or self.stream_batching_interval_ms >= 0,
                 "stream_batching_interval_ms", "must be >= 0 or null")

@@ -215,3 +215,17 @@ def test_graceful_drain_switch_is_rays():
     assert '"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"' in inspect.getsource(ray_constants)
     assert isinstance(ray_constants.RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, float)
     assert "ray_constants.RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S" in inspect.getsource(node)
+
+
+def test_cluster_config_names_the_autoscalers_node_groups():
+    """P19, core/resource_wait.py `autoscaler_shapes`: ray._private.state.state.get_cluster_config() takes no
+    argument and gives an autoscaler_pb2.ClusterConfig (or None) whose node groups carry a name, resources and a
+    max count."""
+    from ray._private.state import state
+    from ray.core.generated import autoscaler_pb2
+
+    assert list(inspect.signature(state.get_cluster_config).parameters) == []
+    group = autoscaler_pb2.NodeGroupConfig(name="rayline.worker", resources={"CPU": 1}, max_count=2)
+    config = autoscaler_pb2.ClusterConfig(node_group_configs=[group])
+    assert [(g.name, dict(g.resources), g.max_count) for g in config.node_group_configs] == [
+        ("rayline.worker", {"CPU": 1}, 2)]
