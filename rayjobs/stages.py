@@ -39,6 +39,7 @@ STAGES = {
         Stage("data", "pipelines.prepare_data", "data.config:Config"),
         Stage("train", "pipelines.train", "train.config:TrainConfig"),
         Stage("tune", "pipelines.tune", "train.tune_config:TuneConfig"),
+        Stage("grpo", "pipelines.grpo", "posttrain.grpo.config:GrpoConfig"),
         Stage("batch_infer", "pipelines.batch_infer", "serve.batch.config:Config", role="evaluator"),
         Stage("rollout", "pipelines.rollout", "serve.rollout_config:Config", role="rollout"),
         Stage("serve", "pipelines.serve", "serve.serve_config:Config", role="reader", kind="RayService",

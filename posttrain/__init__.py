@@ -1,0 +1,1 @@
+"""Post-training stages on Ray: preference tuning (DPO) and reinforcement learning with verifiable rewards (GRPO)."""
