@@ -24,7 +24,7 @@ class PolicyWeightsExtension:
         `load_weights` (which maps HF names onto vLLM's fused layers); returns how many tensors were loaded."""
         import torch
 
-        model = self.model_runner.model
+        model = self.model_runner.get_model()  # both CPU model runners (v1, v2) have it
         items = [(name, torch.as_tensor(value)) for name, value in named.items()]
         model.load_weights(weights=iter(items))
         return len(items)
