@@ -16,7 +16,7 @@ def chat_records(n: int, seed: int, tasks: tuple[str, ...]) -> list[dict]:
     return [r for r in make_records(n * 5, seed, "warm") if r["task"] in tasks][:n]
 
 
-def warm_policy(out: str | Path, steps: int = 150, tasks: tuple[str, ...] = ("sum",), seed: int = 0,
+def warm_policy(out: str | Path, steps: int = 400, tasks: tuple[str, ...] = ("sum",), seed: int = 0,
                 threads: int = 2) -> Path:
     """Build the tiny model at `out`/base and train it `steps` steps on chat-rendered records of `tasks` into
     `out`/policy (written once; reused when present). Returns the policy's directory."""

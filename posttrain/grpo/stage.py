@@ -65,7 +65,8 @@ def main(cfg: GrpoConfig) -> GrpoResult:
                if cfg.mlflow_experiment else contextlib.nullcontext())
     with run_ctx as run:
         run_id = run.info.run_id if run else None
-        log = tracking.step_logger(run_id, parent) if run_id else None
+        # Prometheus labels stay bounded: the registered model's name, never a path.
+        log = tracking.step_logger(run_id, info.name or "local") if run_id else None
 
         def on_step(m: loop.StepMetrics) -> None:
             print(f"grpo step {m.step}/{cfg.steps}: reward {m.reward_mean:.3f} (std {m.reward_std:.3f}), "

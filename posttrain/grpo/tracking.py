@@ -3,6 +3,7 @@ registered like a fine-tune (`rayline.stage: grpo`, its parent version, the prom
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 from pipelines import metrics, registry
@@ -44,7 +45,8 @@ def step_logger(run_id: str, model: str):
         from mlflow.entities import Metric
 
         values = {k: float(v) for k, v in asdict(m).items() if k != "step"}
-        client.log_batch(run_id, metrics=[Metric(f"grpo/{k}", v, 0, m.step) for k, v in values.items()])
+        now = int(time.time() * 1000)
+        client.log_batch(run_id, metrics=[Metric(f"grpo/{k}", v, now, m.step) for k, v in values.items()])
         for key, name in PROMETHEUS.items():
             metrics.gauge(name, float(getattr(m, key)), run=run_id, model=model)
 
