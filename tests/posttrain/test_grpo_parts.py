@@ -109,3 +109,12 @@ def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match="reward.name: 'exact' is not a known reward"):
         load_config(GrpoConfig, path, ["group_size=4", "reward.name=exact"])
     assert load_config(GrpoConfig, "configs/post_train/grpo_tiny.yaml").group_size == 8
+
+
+def test_a_bad_prompt_line_is_named_by_file_and_line(tmp_path):
+    from posttrain.grpo.prompts import load_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n" + json.dumps({"messages": [{"role": "user", "content": "What is 1 + 1?"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"prompts.jsonl:2: not a chat record with a reference answer"):
+        load_prompts(str(path), tokenizer=None)
