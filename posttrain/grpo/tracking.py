@@ -28,12 +28,10 @@ def run_tags(cfg: GrpoConfig, parent: str, dataset_version: str) -> dict[str, st
 
 
 def log_params(run_id: str, cfg: GrpoConfig) -> None:
-    from mlflow.entities import Param
+    """The flat config as the run's params (a resumed run keeps its first values, as train's does)."""
+    from train.tracking import MAX_PARAM_LEN, log_new_params
 
-    params = [Param(k, str(v)[:6000]) for k, v in flatten(cfg).items()]
-    client = registry.client()
-    for i in range(0, len(params), 100):
-        client.log_batch(run_id, params=params[i:i + 100])
+    log_new_params(run_id, {k: str(v)[:MAX_PARAM_LEN] for k, v in flatten(cfg).items()})
 
 
 def step_logger(run_id: str, model: str):
