@@ -84,13 +84,13 @@ def test_grpo_raises_reward_and_exact_match_resumes_after_losing_roles_and_regis
     assert [e["policy_steps"] for e in ledger] == [[s] for s in range(8)]
 
     client = registry.client()
-    history = [m.value for m in client.get_metric_history(result.mlflow_run_id, "grpo/reward_mean")]
-    first, last = sum(history[:2]) / 2, sum(history[-2:]) / 2
-    assert last > first, f"reward did not rise: {history}"
-    assert result.exact_match_after > result.exact_match_before, result
-
     mv = client.get_model_version(name, result.model_version)
     assert mv.tags[registry.TAG_STAGE] == "grpo"
     assert mv.tags["rayline.parent_version"] == str(policy_dir)
     assert mv.tags[registry.TAG_DATASET_VERSION] == "sum-test-v1"
     assert mv.tags[registry.TAG_WEIGHTS_DIGEST]
+
+    history = [m.value for m in client.get_metric_history(result.mlflow_run_id, "grpo/reward_mean")]
+    first, last = sum(history[:2]) / 2, sum(history[-2:]) / 2
+    assert last > first, f"reward did not rise: {history}"
+    assert result.exact_match_after > result.exact_match_before, result
