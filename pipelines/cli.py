@@ -51,6 +51,7 @@ COMMANDS = {
     "batch": _stage("batch_infer", "cli", "batch inference and evaluation on Ray Data + vLLM"),
     "serve": _stage("serve", "cli", "deploy, render or delete the OpenAI-compatible Ray Serve app"),
     "rollout": _stage("rollout", "cli", "serve the version an MLflow alias names (gate, deploy, verify, roll back)"),
+    "grpo": _stage("grpo", "main", "GRPO post-training: vLLM rollouts, a verifier reward, the policy on FSDP2, registered"),
     "render": Command("pipelines.render", "main", "render a stage as a KubeRay RayJob/RayService, validated offline"),
     "validate": Command("pipelines.validate", "main", "check KubeRay manifests offline (schemas, operator rules)"),
     "submit": Command("pipelines.submit", "main", "submit a stage to a Ray cluster through the Jobs API"),
