@@ -75,6 +75,18 @@ METRICS: dict[str, Metric] = {
     "rayline_train_checkpoint_save_seconds": Metric(GAUGE, "Time rank 0 took to save and report the last checkpoint.",
                                                     _TRAIN),
     "rayline_train_restarts": Metric(COUNTER, "Times the worker group resumed the run from a checkpoint.", _TRAIN),
+    # posttrain/grpo/ (the GRPO driver, after each policy update)
+    "rayline_grpo_reward_mean": Metric(GAUGE, "Mean verifier reward of the last update's samples.", _TRAIN),
+    "rayline_grpo_reward_std": Metric(GAUGE, "Spread (standard deviation) of the last update's rewards.", _TRAIN),
+    "rayline_grpo_kl": Metric(GAUGE, "Mean KL to the reference of the last update (0 with beta 0).", _TRAIN),
+    "rayline_grpo_rollout_tokens_per_second": Metric(GAUGE, "Tokens per second the rollout engines generated for "
+                                                            "the last update.", _TRAIN),
+    "rayline_grpo_weight_sync_seconds": Metric(GAUGE, "Seconds the last weight update into the rollout engines "
+                                                      "took (gather included).", _TRAIN),
+    "rayline_grpo_policy_lag": Metric(GAUGE, "Policy steps the last update's samples lagged the trained policy.",
+                                      _TRAIN),
+    "rayline_grpo_prompts_consumed": Metric(GAUGE, "Prompts the run has consumed (its cursor).", _TRAIN),
+    "rayline_grpo_step": Metric(GAUGE, "Policy updates done.", _TRAIN),
     # serve/batch/ (the result tasks count rows as they are written; the driver sets the total)
     "rayline_batch_rows_done": Metric(COUNTER, "Rows answered or refused by the batch stage.", _BATCH),
     "rayline_batch_rows_planned": Metric(GAUGE, "Rows in the batch stage's input.", _BATCH),

@@ -49,6 +49,7 @@ COMMANDS = {
     "train": _stage("train", "main", "train stage: FSDP2 training on Ray Train, checkpoints, export, registration"),
     "tune": _stage("tune", "main", "tune stage: ASHA search over train config fields, the best registered"),
     "post-train dpo": _stage("dpo", "main", "DPO: preference pairs -> reference log-probs once -> DPO on FSDP2"),
+    "post-train grpo": _stage("grpo", "main", "GRPO: vLLM rollouts, verifier rewards, FSDP2 policy, weights synced in place"),
     "batch": _stage("batch_infer", "cli", "batch inference and evaluation on Ray Data + vLLM"),
     "serve": _stage("serve", "cli", "deploy, render or delete the OpenAI-compatible Ray Serve app"),
     "rollout": _stage("rollout", "cli", "serve the version an MLflow alias names (gate, deploy, verify, roll back)"),

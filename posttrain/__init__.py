@@ -1,1 +1,1 @@
-"""Post-training stages on the shared FSDP2 loop: preference tuning (DPO) and reinforcement learning (GRPO)."""
+"""Post-training stages on Ray: preference tuning (DPO) and reinforcement learning with verifiable rewards (GRPO)."""

@@ -79,6 +79,10 @@ def workload_shape(stage: str, cfg, profile: Profile) -> Shape:
         return _engine_shape(cfg.engine, cfg.autoscaling.max_replicas, profile, cfg.autoscaling.min_replicas)
     if stage == "data":
         return Shape(workers=2)
+    if stage == "grpo":
+        # Colocated roles take turns in one worker (its engines' shape on GPU); separate ones get a worker each.
+        roles = cfg.num_engines + cfg.policy.num_workers if cfg.placement == "separate" else 1
+        return _engine_shape(cfg.engine, roles, profile) if cfg.engine.accelerator == "gpu" else Shape(workers=roles)
     return Shape(workers=0)  # rollout: HTTP and MLflow calls only; the driver runs on the head.
 
 

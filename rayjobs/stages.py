@@ -40,6 +40,7 @@ STAGES = {
         Stage("train", "pipelines.train", "train.config:TrainConfig"),
         Stage("tune", "pipelines.tune", "train.tune_config:TuneConfig"),
         Stage("dpo", "pipelines.dpo", "posttrain.dpo_config:DpoConfig"),
+        Stage("grpo", "pipelines.grpo", "posttrain.grpo.config:GrpoConfig"),
         Stage("batch_infer", "pipelines.batch_infer", "serve.batch.config:Config", role="evaluator"),
         Stage("rollout", "pipelines.rollout", "serve.promotion.rollout_config:Config", role="rollout"),
         Stage("serve", "pipelines.serve", "serve.online.serve_config:Config", role="reader", kind="RayService",

@@ -14,7 +14,7 @@ BOARDS = sorted(prometheus.DASHBOARDS.glob("*.json"))
 
 
 def test_dashboards_are_grafana_json():
-    assert {b.stem for b in BOARDS} == {"rayline-overview", "rayline-training", "rayline-batch", "rayline-serving"}
+    assert {b.stem for b in BOARDS} == {"rayline-overview", "rayline-training", "rayline-batch", "rayline-serving", "rayline-grpo"}
     for path in BOARDS:
         board = json.loads(path.read_text())
         assert board["uid"] == path.stem and board["title"].startswith("rayline: ")

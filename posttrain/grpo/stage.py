@@ -1,0 +1,97 @@
+"""The GRPO stage: resolve the policy's start, read the prompts, run the loop (loop.py) inside an MLflow run, export
+the trained policy as a Hugging Face checkpoint and register it into `<model>-candidates` as the trainer does a
+fine-tune (its digest, `rayline.stage: grpo`, the parent version, the prompt dataset version)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from posttrain.grpo.config import GrpoConfig
+
+
+@dataclass
+class GrpoResult:
+    run_name: str
+    steps: int
+    prompts_consumed: int
+    restarts: int
+    reward_first: float
+    reward_last: float
+    exact_match_before: float | None
+    exact_match_after: float | None
+    export_dir: str
+    mlflow_run_id: str | None = None
+    model_name: str | None = None
+    model_version: str | None = None
+    ledger: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def export(weights: dict, base_dir: str, out: Path, info: dict) -> Path:
+    """The trained weights as a loadable HF checkpoint (config and tokenizer from the start model)."""
+    import torch
+
+    from train.export import write_hf_checkpoint
+
+    state = {k: torch.from_numpy(v) for k, v in weights.items()}
+    return write_hf_checkpoint(state, base_dir, out, torch.float32, info)
+
+
+def main(cfg: GrpoConfig) -> GrpoResult:
+    from transformers import AutoTokenizer
+
+    from core import registry
+    from core.ray_cluster import init_ray
+    from posttrain.grpo import loop, tracking
+    from posttrain.grpo.prompts import file_digest, load_prompts
+    from serve.online.engine import resolve_model
+
+    started = time.time()
+    model_dir, info = resolve_model(cfg.model)
+    parent = info.label
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = load_prompts(cfg.prompts.uri, tokenizer, cfg.prompts.tasks, cfg.prompts.limit)
+    eval_prompts = load_prompts(cfg.eval_uri, tokenizer, limit=cfg.eval_limit) if cfg.eval_uri else None
+    dataset_version = cfg.prompts.dataset_version or file_digest(cfg.prompts.uri)
+    run_name = cfg.run_name or f"grpo-{int(started)}"
+    output = Path(cfg.output_uri).resolve() / run_name
+    init_ray()
+    tags = tracking.run_tags(cfg, parent, dataset_version)
+    run_ctx = (registry.start_run(cfg.mlflow_experiment, run_name, tags=tags, resume=True)
+               if cfg.mlflow_experiment else contextlib.nullcontext())
+    with run_ctx as run:
+        run_id = run.info.run_id if run else None
+        # Prometheus labels stay bounded: the registered model's name, never a path.
+        log = tracking.step_logger(run_id, info.name or "local") if run_id else None
+
+        def on_step(m: loop.StepMetrics) -> None:
+            print(f"grpo step {m.step}/{cfg.steps}: reward {m.reward_mean:.3f} (std {m.reward_std:.3f}), "
+                  f"kl {m.kl:.4f}, rollout {m.rollout_tokens_per_s:.0f} tok/s, sync {m.weight_sync_s:.2f}s, "
+                  f"lag {m.policy_lag}, prompts {m.prompts_consumed}, {m.step_s:.1f}s", flush=True)
+            if log:
+                log(m)
+        if run_id:
+            tracking.log_params(run_id, cfg)
+        res = loop.run(cfg, model_dir, prompts, output, on_step, eval_prompts)
+        export_dir = export(res.final_weights, model_dir, output / "export",
+                            {"stage": "grpo", "parent": parent, "steps": res.steps, "dataset_version": dataset_version})
+        result = GrpoResult(run_name, res.steps, res.prompts_consumed, res.restarts,
+                            res.history[0].reward_mean if res.history else float("nan"),
+                            res.history[-1].reward_mean if res.history else float("nan"),
+                            res.exact_match_before, res.exact_match_after, str(export_dir), run_id, ledger=res.ledger)
+        if run_id:
+            client = registry.client()
+            for key in ("exact_match_before", "exact_match_after"):
+                if getattr(res, key) is not None:
+                    client.log_metric(run_id, f"grpo/{key}", getattr(res, key), step=res.steps)
+            client.log_dict(run_id, {"ledger": res.ledger}, "grpo_ledger_check.json")
+            if cfg.register_as:
+                result.model_name = cfg.register_as
+                result.model_version = tracking.register(cfg.register_as, str(export_dir), run_id, tags, res.steps)
+    result.seconds = round(time.time() - started, 1)
+    (output / "result.json").write_text(json.dumps(asdict(result), indent=2))
+    return result
