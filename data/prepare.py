@@ -26,7 +26,7 @@ from data.prepared import load_manifest
 from data.records import RecordRules
 from data.shards import ShardPlan, build_shard_files
 from data.shuffle import FILES_SCHEMA, shuffle_uri, write_partitions
-from data.sources import FilePart, SourceFile, discover, scan_file, split_file
+from data.sources import FilePart, SourceFile, discover, group_files, scan_file, scan_files, split_file
 from data.template import ChatRenderer, TemplateSpec
 from data.tokens import (
     check_template,
@@ -68,13 +68,16 @@ def scan_sources(files: list[SourceFile], part_bytes: int) -> tuple[dict[str, st
     """sha256 of every input's bytes and the parts the read tasks take (a file over 1.5 parts is cut at
     line starts): local files here, where they are; s3:// objects as Ray tasks, next to the data."""
     def cut(f: SourceFile) -> int:
-        return part_bytes if f.kind != "parquet" and f.size > 1.5 * part_bytes else 0
+        return part_bytes if f.splittable and f.size > 1.5 * part_bytes else 0
 
     remote = [f for f in files if storage.is_remote(f.uri)]
-    scan_task = ray.remote(num_cpus=0.5)(scan_file)
-    refs = [scan_task.remote(f.uri, cut(f)) for f in remote]
     scans = {f.uri: scan_file(f.uri, cut(f)) for f in files if not storage.is_remote(f.uri)}
-    scans.update(zip([f.uri for f in remote], ray.get(refs)))
+    # One task per group of objects, as the reads are grouped: thousands of small objects are not thousands of tasks.
+    groups = group_files([FilePart(f) for f in remote], 4 * max(int(cluster_cpus()), 1))
+    scan_task = ray.remote(num_cpus=0.5)(scan_files)
+    refs = [scan_task.remote([(p.file.uri, cut(p.file)) for p in group]) for group in groups]
+    for group, result in zip(groups, ray.get(refs)):
+        scans.update(zip([p.file.uri for p in group], result))
     parts = [part for f in files for part in split_file(f, scans[f.uri][1])]
     return {f.uri: scans[f.uri][0] for f in files}, parts
 
