@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from data.heap import no_cycle_collection
+from data.mixture import MixturePlan, expand
 from data.records import Messages, RecordRules, Reject, content_bytes, parse_record
 from data.template import ChatRenderer
 
@@ -46,6 +47,7 @@ class ExamplePlan:
     eval_fraction: float
     seq_len: int
     num_shards: int = 1
+    mixture: MixturePlan | None = None  # lines of a mixture's files are repeated as often as they are taken
 
 
 def render(content: Messages | str, renderer: ChatRenderer) -> tuple[str, list[int]] | Reject:
@@ -63,6 +65,13 @@ def keys(content: bytes, seed: int) -> tuple[int, int, int, float]:
     seeded = hashlib.blake2b(digest, digest_size=16, key=seed.to_bytes(8, "little", signed=True)).digest()
     return (int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little"),
             int.from_bytes(seeded[:8], "little"), int.from_bytes(seeded[8:], "little") / 2.0**64)
+
+
+def copy_keys(key1: int, order: int, copy: int) -> tuple[int, int]:
+    """(key1, order) of a mixture's repeat `copy` (>= 1) of a record: another dedup key, so exact dedup keeps a
+    record's own repeats, and another place in the shuffle order. key0 stays, so the copies share a shard."""
+    digest = hashlib.blake2b(b"%d:%d:%d" % (key1, order, copy), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
 
 
 def location_digest(source: str, line: int) -> bytes:
@@ -85,6 +94,7 @@ def to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
 
 
 def _to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
+    block, copies = expand(block, plan.mixture)
     rows: list[tuple] = []
     sources = block.column("source").to_pylist()
     lines = block.column("line").to_pylist()
@@ -92,7 +102,7 @@ def _to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
     kinds = block.column("kind").to_pylist()
     splits = block.column("split").to_pylist()
     carry_raw_from = plan.seq_len  # see below: only texts this long can exceed seq_len tokens
-    for source, line, raw, kind, split in zip(sources, lines, raws, kinds, splits):
+    for source, line, raw, kind, split, copy in zip(sources, lines, raws, kinds, splits, copies):
         result = parse_record(raw, kind, plan.rules)
         if not isinstance(result, Reject):
             content = result
@@ -106,6 +116,8 @@ def _to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
             key0, key1, order, u = keys(content_bytes(content), plan.seed)
             if split == TRAIN and u < plan.eval_fraction:
                 split = EVAL
+            if copy and split == TRAIN:  # a held-out record is held out once: its eval copies stay duplicates
+                key1, order = copy_keys(key1, order, copy)
             # A token covers at least one byte, so only a text of >= seq_len bytes can become too_long;
             # keep the raw record for those alone, so the shuffle does not carry every record twice.
             n_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))

@@ -22,6 +22,7 @@ from data import tracking
 from data.config import Config, content_config_hash, shard_count
 from data.datasource import LinesDatasource
 from data.examples import EVAL, TRAIN, ExamplePlan, to_examples
+from data.mixture import plan_mixture
 from data.prepared import load_manifest
 from data.records import RecordRules
 from data.shards import ShardPlan, build_shard_files
@@ -80,6 +81,16 @@ def scan_sources(files: list[SourceFile], part_bytes: int) -> tuple[dict[str, st
         scans.update(zip([p.file.uri for p in group], result))
     parts = [part for f in files for part in split_file(f, scans[f.uri][1])]
     return {f.uri: scans[f.uri][0] for f in files}, parts
+
+
+def check_distinct(files: list[SourceFile]) -> None:
+    """A file named twice (in two mixture sources, or in inputs and eval_inputs) would be read twice: refuse it."""
+    seen: dict[str, SourceFile] = {}
+    for f in files:
+        if f.uri in seen:
+            raise ValueError(f"{f.uri} is named twice in the inputs (inputs, mixture[].inputs, eval_inputs); "
+                             "name each file once")
+        seen[f.uri] = f
 
 
 def _template_spec(cfg: Config, tok) -> TemplateSpec:
@@ -150,8 +161,11 @@ def main(cfg: Config) -> Result:
     """Prepare (or find already prepared) the dataset version for `cfg`; see the module docstring."""
     t0 = time.perf_counter()
     init_ray()
-    files = discover(cfg.inputs, cfg.file_format, TRAIN, "inputs")
+    mixture_files = [discover(m.inputs, cfg.file_format, TRAIN, f"mixture[{i}].inputs") for i, m in enumerate(cfg.mixture)]
+    files = discover(cfg.inputs, cfg.file_format, TRAIN, "inputs") if cfg.inputs else []
+    files += [f for source in mixture_files for f in source]
     files += discover(cfg.eval_inputs, cfg.file_format, EVAL, "eval_inputs")
+    check_distinct(files)
     if cfg.format != "text" and any(f.kind == "text" for f in files):
         bad = next(f.uri for f in files if f.kind == "text")
         raise ValueError(f"inputs: {bad} is plain text, but format is {cfg.format}; plain text files need format: text")
@@ -177,9 +191,10 @@ def main(cfg: Config) -> Result:
     if storage.exists(version_uri):
         storage.delete_tree(version_uri)  # a failed or overwritten earlier attempt: start clean
 
+    mixture, mixture_rows = plan_mixture(cfg, mixture_files) if cfg.mixture else (None, [])
     num_shards = shard_count(cfg, sum(f.size for f in files))
     example_plan = ExamplePlan(RecordRules.from_config(cfg), ChatRenderer.build(_template_spec(cfg, tok)), cfg.seed,
-                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, num_shards)
+                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, num_shards, mixture)
     threads = _task_threads(cpus, num_shards, node_free_cpus())
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
@@ -188,6 +203,8 @@ def main(cfg: Config) -> Result:
         totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
                                      totals, run_id, num_shards)
+        if mixture_rows:
+            manifest["mixture"] = mixture_rows
         # How it was built, not what it holds: the same version built elsewhere has other values here.
         manifest["built_with"] = {"cluster_cpus": cpus, "tokenizer_threads_per_shard": threads}
         wall_s = time.perf_counter() - t0
