@@ -132,9 +132,17 @@ class Config:
         require(self.tokenize_batch_size >= 1, "tokenize_batch_size", "must be >= 1")
 
 
+# Fields added after versions were first built: at their defaults they stay out of the hash, so a config that does
+# not use them keeps the version it had (a re-run stays a no-op across the upgrade).
+LATER_FIELDS = ("mixture", "mixture_records", "near_dedup", "near_dedup_threshold", "near_dedup_ngram",
+                "near_dedup_num_perm")
+
+
 def version_config(cfg: Config) -> dict:
     """The part of the config that decides the output's content (what the version hashes)."""
-    return {k: v for k, v in to_dict(cfg).items() if k not in NOT_IN_VERSION}
+    defaults = to_dict(Config(inputs=["-"], output_uri="-", tokenizer="-"))
+    return {k: v for k, v in to_dict(cfg).items()
+            if k not in NOT_IN_VERSION and not (k in LATER_FIELDS and v == defaults[k])}
 
 
 def shard_count(cfg: Config, input_bytes: int) -> int:

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from data.heap import no_cycle_collection
 from data.mixture import MixturePlan, expand
+from data.near_dedup import NearDupPlan, band_keys
 from data.records import Messages, RecordRules, Reject, content_bytes, parse_record
 from data.template import ChatRenderer
 
@@ -34,6 +35,7 @@ EXAMPLE_SCHEMA = pa.schema([
     ("raw", pa.large_string()),
     ("text", pa.large_string()),
     ("spans", pa.list_(pa.int32())),  # flat [start, end, start, end, ...] character spans with labels
+    ("bands", pa.list_(pa.uint64())),  # near_dedup: the example's LSH band keys (data/near_dedup.py); else null
 ])
 
 
@@ -48,6 +50,7 @@ class ExamplePlan:
     seq_len: int
     num_shards: int = 1
     mixture: MixturePlan | None = None  # lines of a mixture's files are repeated as often as they are taken
+    near: NearDupPlan | None = None  # near_dedup: each example also gets its LSH band keys
 
 
 def render(content: Messages | str, renderer: ChatRenderer) -> tuple[str, list[int]] | Reject:
@@ -96,6 +99,7 @@ def to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
 def _to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
     block, copies = expand(block, plan.mixture)
     rows: list[tuple] = []
+    signed: list[tuple[int, Messages | str]] = []  # (row, content) of the examples to sign for near_dedup
     sources = block.column("source").to_pylist()
     lines = block.column("line").to_pylist()
     raws = block.column("raw").to_pylist()
@@ -110,7 +114,7 @@ def _to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
         if isinstance(result, Reject):
             key0 = int.from_bytes(location_digest(source, line), "little")
             values = (key0 % plan.num_shards, key0, None, None, split, source, line, result.reason, result.detail,
-                      _raw_text(raw), None, None)
+                      _raw_text(raw), None, None, None)
         else:
             text, spans = result
             key0, key1, order, u = keys(content_bytes(content), plan.seed)
@@ -123,8 +127,14 @@ def _to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
             n_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))
             keep_raw = isinstance(content, list) and n_bytes + 8 >= carry_raw_from
             values = (key0 % plan.num_shards, key0, key1, order, split, source, line, "", "",
-                      _raw_text(raw) if keep_raw else None, text, spans)
+                      _raw_text(raw) if keep_raw else None, text, spans, None)
+            if plan.near is not None and not copy:  # a mixture's repeats are exact copies: one set of bands will do
+                signed.append((len(rows), content))
         rows.append(values)
-    columns = zip(*rows) if rows else ([] for _ in EXAMPLE_SCHEMA)
+    columns = [list(c) for c in zip(*rows)] if rows else [[] for _ in EXAMPLE_SCHEMA]
+    if signed:  # all of the block's signatures in one vectorised pass
+        bands = columns[-1]
+        for (i, _), band in zip(signed, band_keys([content for _, content in signed], plan.near).tolist()):
+            bands[i] = band
     return pa.Table.from_arrays([pa.array(column, type=f.type) for column, f in zip(columns, EXAMPLE_SCHEMA)],
                                 schema=EXAMPLE_SCHEMA)

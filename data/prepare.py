@@ -2,10 +2,12 @@
 
     python -m pipelines.prepare_data --config configs/data/sample.yaml [key=value ...]
 
-On Ray, streaming: read raw lines (Ray Data) -> validate, clean, render with the chat template and hash (fused with
-the reads) -> shuffle by content hash through storage, one file per read task and shard (`data.shuffle`) -> per
-shard, one task: exact dedup, seeded order, tokenize, pack, train/eval files and rejects -> a small stats dict per
-shard back to the driver, which writes `manifest.json` last. A version whose manifest exists is returned as it is.
+On Ray, streaming: read raw lines (Ray Data; compressed files as streams; a mixture's lines repeated as often as
+they are taken, `data.mixture`) -> validate, clean, render with the chat template and hash (fused with the reads)
+-> shuffle by content hash through storage, one file per read task and shard (`data.shuffle`) -> [near_dedup: one
+task per LSH band partition names the near copies, `data.near_phase`] -> per shard, one task: exact (and near)
+dedup, seeded order, tokenize, pack, train/eval files and rejects -> a small stats dict per shard back to the
+driver, which writes `manifest.json` last. A version whose manifest exists is returned as it is.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from data.mixture import plan_mixture
 from data.prepared import load_manifest
 from data.records import RecordRules
 from data.shards import ShardPlan, build_shard_files
-from data.shuffle import FILES_SCHEMA, shuffle_uri, write_partitions
+from data.near_dedup import NearDupPlan
+from data.near_phase import find_near_copies
+from data.shuffle import BANDS, EXAMPLES, FILES_SCHEMA, NEAR, shuffle_uri, write_partitions
 from data.sources import FilePart, SourceFile, discover, group_files, scan_file, scan_files, split_file
 from data.template import ChatRenderer, TemplateSpec
 from data.tokens import (
@@ -113,6 +117,14 @@ def _no_reservation():
         ctx.op_resource_reservation_enabled = before
 
 
+def _by_partition(written: list[dict]) -> dict[str, dict[int, list[str]]]:
+    """Shuffle files (data.shuffle's FILES_SCHEMA rows) by kind and partition, each list in a fixed order."""
+    files: dict[str, dict[int, list[str]]] = {}
+    for row in sorted(written, key=lambda r: r["uri"]):
+        files.setdefault(row["kind"], {}).setdefault(row["part"], []).append(row["uri"])
+    return files
+
+
 def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePlan,
                  shard_plan: ShardPlan) -> list[dict]:
     """Run the stage on Ray; returns the stats of every shard (see `data.shards.build_shard`).
@@ -128,18 +140,24 @@ def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePl
     # About one read task per `part_bytes` of input (small files grouped, big ones already cut): Ray Data
     # would otherwise cut the reads into 200.
     read_tasks = min(len(parts), max(1, -(-sum(p.size for p in parts) // part_bytes)))
+    near = example_plan.near
     lines = LinesDatasource(parts, transform=functools.partial(to_examples, plan=example_plan),
-                            sink=functools.partial(write_partitions, version_uri=shard_plan.version_uri),
+                            sink=functools.partial(write_partitions, version_uri=shard_plan.version_uri,
+                                                   band_partitions=near.partitions if near else 0),
                             schema=FILES_SCHEMA)
     build = ray.remote(build_shard_files).options(num_cpus=shard_plan.tokenizer_threads)
     try:
         with _no_reservation():
             reads = ray.data.read_datasource(lines, override_num_blocks=read_tasks)
-        written = reads.take_all()
-        files: dict[int, list[str]] = {}
-        for row in sorted(written, key=lambda r: r["uri"]):
-            files.setdefault(row["part"], []).append(row["uri"])
-        return ray.get([build.remote(uris, shard_plan) for _, uris in sorted(files.items())])
+        files = _by_partition(reads.take_all())
+        near_files: dict[int, list[str]] = {}
+        if near:  # one task per band partition, between the reads and the shard tasks (data/near_phase.py)
+            find = ray.remote(find_near_copies).options(num_cpus=1)
+            found = ray.get([find.remote(uris, part, example_plan.num_shards, shard_plan.version_uri)
+                             for part, uris in sorted(files.get(BANDS, {}).items())])
+            near_files = _by_partition([row for rows in found for row in rows]).get(NEAR, {})
+        return ray.get([build.remote(uris, shard_plan, near_files.get(part))
+                        for part, uris in sorted(files.get(EXAMPLES, {}).items())])
     finally:  # after a failed task too: the files are as large as the rendered input
         storage.delete_tree(shuffle_uri(shard_plan.version_uri))
 
@@ -193,8 +211,10 @@ def main(cfg: Config) -> Result:
 
     mixture, mixture_rows = plan_mixture(cfg, mixture_files) if cfg.mixture else (None, [])
     num_shards = shard_count(cfg, sum(f.size for f in files))
+    # Band partitions as many as shards: a band task holds `bands` small rows per example of its share.
+    near = NearDupPlan.from_config(cfg, num_shards) if cfg.near_dedup else None
     example_plan = ExamplePlan(RecordRules.from_config(cfg), ChatRenderer.build(_template_spec(cfg, tok)), cfg.seed,
-                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, num_shards, mixture)
+                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, num_shards, mixture, near)
     threads = _task_threads(cpus, num_shards, node_free_cpus())
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
@@ -205,6 +225,9 @@ def main(cfg: Config) -> Result:
                                      totals, run_id, num_shards)
         if mixture_rows:
             manifest["mixture"] = mixture_rows
+        if near:
+            manifest["near_dedup"] = {"threshold": cfg.near_dedup_threshold, "ngram": near.ngram,
+                                      "num_perm": near.num_perm, "bands": near.bands, "rows": near.rows}
         # How it was built, not what it holds: the same version built elsewhere has other values here.
         manifest["built_with"] = {"cluster_cpus": cpus, "tokenizer_threads_per_shard": threads}
         wall_s = time.perf_counter() - t0
