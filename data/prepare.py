@@ -210,7 +210,9 @@ def main(cfg: Config) -> Result:
         storage.delete_tree(version_uri)  # a failed or overwritten earlier attempt: start clean
 
     mixture, mixture_rows = plan_mixture(cfg, mixture_files) if cfg.mixture else (None, [])
-    num_shards = shard_count(cfg, sum(f.size for f in files))
+    # Shards by the bytes the run takes: a mixture source's repeats (or its left-out records) counted.
+    taken = {f.uri: r["taken"] / r["records"] for source, r in zip(mixture_files, mixture_rows) for f in source}
+    num_shards = shard_count(cfg, int(sum(f.size * taken.get(f.uri, 1.0) for f in files)))
     # Band partitions as many as shards: a band task holds `bands` small rows per example of its share.
     near = NearDupPlan.from_config(cfg, num_shards) if cfg.near_dedup else None
     example_plan = ExamplePlan(RecordRules.from_config(cfg), ChatRenderer.build(_template_spec(cfg, tok)), cfg.seed,

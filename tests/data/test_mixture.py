@@ -120,3 +120,14 @@ def test_bad_mixtures_name_the_field(tmp_path):
                                                                 "weight": 1}]})
     with pytest.raises(ValueError, match=r"mixture\[0\] \(none\): its inputs hold no records"):
         plan_mixture(cfg, [discover(cfg.mixture[0].inputs, "auto", 0, "mixture[0].inputs")])
+
+
+def test_a_file_in_two_sources_is_refused(tmp_path):
+    from data.prepare import check_distinct
+
+    write(tmp_path / "a.jsonl", "a", 3)
+    files = discover([str(tmp_path)], "auto", 0, "mixture[0].inputs") + discover([str(tmp_path / "a.jsonl")], "auto", 0,
+                                                                                 "mixture[1].inputs")
+    with pytest.raises(ValueError, match=r"a.jsonl is named twice in the inputs"):
+        check_distinct(files)
+    check_distinct(files[:1])
