@@ -1,6 +1,7 @@
 """Data stage throughput against the Rust tokenizer's own batched encode, same records, same threads.
 
-    python bench/bench_data.py [--records 200000] [--files 8] [--size small] [--num-shards 0] [--num-cpus 2] [--rounds 2] [--quick]
+    python bench/bench_data.py [--records 200000] [--files 8] [--layout plain|zst|small-files] [--size small]
+                               [--num-shards 0] [--num-cpus 2] [--rounds 2] [--quick]
 
 Generates chat records (user 10-80 words, assistant 20-200 words, half with a system prompt), then
   baseline  the records rendered with the chat template (not timed), then one process running
@@ -11,6 +12,10 @@ Generates chat records (user 10-80 words, assistant 20-200 words, half with a sy
   rayline   `data.prepare.main` on a fresh local Ray cluster of --num-cpus CPUs: read, validate, clean,
             dedup, render, tokenize, pack and write Parquet + manifest, timed from call to return. A
             2,000-record run first starts Ray's worker processes, as a long-lived cluster would have.
+--layout says how the same records are stored: `plain` (--files JSONL files), `zst` (those files as .jsonl.zst,
+zstd level 3: the stage decompresses them as streams; the baseline's timed run then also reads the same compressed
+files, decompressing and splitting them into lines, before it encodes), `small-files` (one JSONL file per
+--records-per-file records, 4,000 files at the default 200,000: the stage's reads coalesced; the baseline as plain).
 The stage's worker processes live across its runs, as a long-lived cluster's do: from their second task on they
 reuse the memory they freed (data/heap.py), as every worker of a job with more shards than CPUs does; each round's
 time is printed, the first rayline round's included.
@@ -61,20 +66,41 @@ def chat_records(n: int, seed: int = 0):
         yield messages
 
 
-def write_records(folder: Path, n: int, files: int, seed: int = 0) -> list[list[dict]]:
-    """`n` unique chat records spread over `files` JSONL files; returns their message lists."""
+def write_records(folder: Path, n: int, files: int, seed: int = 0, codec: str | None = None) -> list[list[dict]]:
+    """`n` unique chat records spread over `files` JSONL files (compressed with `codec`, e.g. zstd); returns their
+    message lists."""
+    import pyarrow as pa
+
     out = []
-    handles = [open(folder / f"part-{i:03d}.jsonl", "w") for i in range(files)]
+    suffix = {None: ".jsonl", "zstd": ".jsonl.zst", "gzip": ".jsonl.gz"}[codec]
+    handles = [pa.output_stream(str(folder / f"part-{i:05d}{suffix}"), compression=codec) for i in range(files)]
     for i, messages in enumerate(chat_records(n, seed)):
-        handles[i % files].write(json.dumps({"id": f"r{i}", "messages": messages}) + "\n")
+        handles[i % files].write((json.dumps({"id": f"r{i}", "messages": messages}) + "\n").encode())
         out.append(messages)
     for h in handles:
         h.close()
     return out
 
 
-def baseline_worker(texts_path: str, backend_path: str, threads: int, batch: int) -> None:
-    """One baseline run in this process (started by `run_baseline`); prints its result and set-up as JSON."""
+def read_compressed(folder: Path) -> int:
+    """What a reader of the compressed files does before tokenizing: stream-decompress each and split it into lines
+    (pyarrow's codec, as the stage uses); returns the lines read."""
+    import pyarrow as pa
+
+    lines = 0
+    for path in sorted(folder.iterdir()):
+        with pa.input_stream(str(path), compression="detect") as f:
+            rest = b""
+            while chunk := f.read(8 << 20):
+                parts = (rest + chunk).split(b"\n")
+                rest = parts.pop()
+                lines += len(parts)
+    return lines
+
+
+def baseline_worker(texts_path: str, backend_path: str, threads: int, batch: int, compressed: str = "") -> None:
+    """One baseline run in this process (started by `run_baseline`); prints its result and set-up as JSON. With
+    `compressed` (a folder), the timed run first reads those compressed files."""
     import psutil
 
     from data.tokens import load_backend, set_thread_count
@@ -83,6 +109,8 @@ def baseline_worker(texts_path: str, backend_path: str, threads: int, batch: int
     backend = load_backend(Path(backend_path).read_text())
     texts = json.loads(Path(texts_path).read_text())
     t0 = time.perf_counter()
+    if compressed:
+        read_compressed(Path(compressed))
     tokens = 0
     for i in range(0, len(texts), batch):
         tokens += sum(len(e.ids) for e in backend.encode_batch_fast(texts[i:i + batch], add_special_tokens=False))
@@ -92,14 +120,15 @@ def baseline_worker(texts_path: str, backend_path: str, threads: int, batch: int
              "TOKENIZERS_PARALLELISM": os.environ["TOKENIZERS_PARALLELISM"],
              "OS threads after encoding": psutil.Process().num_threads(),
              "niceness": os.getpriority(os.PRIO_PROCESS, 0), "CPU affinity": len(os.sched_getaffinity(0)),
-             "encode call": ENCODE_CALL, "batch size": batch, "tokens": tokens}
+             "encode call": ENCODE_CALL, "batch size": batch, "tokens": tokens,
+             "reads the compressed files": bool(compressed)}
     print(RESULT_PREFIX + json.dumps({"tokens": tokens, "wall": wall, "setup": setup}), flush=True)
 
 
-def run_baseline(texts_path: Path, backend_path: Path, threads: int, batch: int, nice: int) -> dict:
+def run_baseline(texts_path: Path, backend_path: Path, threads: int, batch: int, nice: int, compressed: str = "") -> dict:
     """The baseline in a fresh process at niceness `nice`, so its Rust thread pool starts with `threads`."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--baseline-worker", str(texts_path), str(backend_path),
-           str(threads), str(batch)]
+           str(threads), str(batch), compressed]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAYON_NUM_THREADS", None)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800,
@@ -164,17 +193,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=200_000)
     p.add_argument("--files", type=int, default=8)
+    p.add_argument("--layout", default="plain", choices=["plain", "zst", "small-files"])
+    p.add_argument("--records-per-file", type=int, default=50, help="small-files: records per file")
     p.add_argument("--size", default="small", choices=sorted(SIZES), help="tokenizer vocabulary of this model size")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--num-shards", type=int, default=0, help="the stage's num_shards (0, its default: by input size)")
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="runs per side, in A-B-B-A order, pooled")
     p.add_argument("--quick", action="store_true", help="a smoke run: 20,000 records, 2 rounds")
-    p.add_argument("--baseline-worker", nargs=4, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--baseline-worker", nargs=5, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.baseline_worker:
-        texts, backend, threads, batch = args.baseline_worker
-        baseline_worker(texts, backend, int(threads), int(batch))
+        texts, backend, threads, batch, compressed = args.baseline_worker
+        baseline_worker(texts, backend, int(threads), int(batch), compressed)
         return
     if args.quick:
         args.records, args.files, args.rounds = 20_000, 4, 2
@@ -188,10 +219,13 @@ def main() -> None:
         tok = AutoTokenizer.from_pretrained(work / "tokenizer")
         (work / "records").mkdir()
         (work / "warmup").mkdir()
-        conversations = write_records(work / "records", args.records, args.files)
-        write_records(work / "warmup", 2000, 2, seed=1)
+        files = -(-args.records // args.records_per_file) if args.layout == "small-files" else args.files
+        codec = "zstd" if args.layout == "zst" else None
+        conversations = write_records(work / "records", args.records, files, codec=codec)
+        write_records(work / "warmup", 2000, 2, seed=1, codec=codec)
         size_mb = sum(f.stat().st_size for f in (work / "records").iterdir()) / 1e6
-        print(f"records: {args.records:,} in {args.files} files ({size_mb:.0f} MB), tokenizer vocab {len(tok):,}")
+        print(f"records: {args.records:,} in {files:,} files ({size_mb:.0f} MB as stored, layout {args.layout}), "
+              f"tokenizer vocab {len(tok):,}")
         texts_path, backend_path = work / "texts.json", work / "backend.json"
         texts_path.write_text(json.dumps([tok.apply_chat_template(m, tokenize=False) for m in conversations]))
         backend_path.write_text(tok.backend_tokenizer.to_str())
@@ -217,7 +251,7 @@ def measure(args, work: Path, texts_path: Path, backend_path: Path) -> None:
                 load = os.getloadavg()[0]
                 if side == "baseline":
                     r = run_baseline(texts_path, backend_path, plan["tokenizer threads in all"], plan["batch size"],
-                                     plan["niceness"])
+                                     plan["niceness"], str(work / "records") if args.layout == "zst" else "")
                 else:
                     out = work / f"out-{i}"
                     cfg = stage_config(str(work / "records"), str(work / "tokenizer"), str(out), args.seq_len,
@@ -236,7 +270,7 @@ def measure(args, work: Path, texts_path: Path, backend_path: Path) -> None:
     rates = {side: sum(r["tokens"] for r in rs) / sum(r["wall"] for r in rs) for side, rs in runs.items()}
     setups = {"rayline data stage": pooled_setup(runs["rayline"]),
               "tokenizer encode_batch_fast": pooled_setup(runs["baseline"])}
-    print(f"\n{args.rounds} rounds per side, A-B-B-A, pooled; packing efficiency "
+    print(f"\nlayout {args.layout}; {args.rounds} rounds per side, A-B-B-A, pooled; packing efficiency "
           f"{runs['rayline'][-1]['packing']:.1%}; {time.strftime('%Y-%m-%d %H:%M:%S')}")
     print_setups(setups)
     print(f"baseline: {rates['baseline']:,.0f} tokens/s; rayline: {rates['rayline']:,.0f} tokens/s")

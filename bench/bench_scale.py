@@ -1,7 +1,7 @@
 """How cost grows with work (issue 21): the data stage and batch inference at growing input sizes.
 
-    python bench/bench_scale.py [--data 20000,200000,2000000] [--batch 5000,50000] [--max-tokens 64] [--num-cpus 2]
-                                [--rounds 2] [--work DIR]
+    python bench/bench_scale.py [--data 20000,200000,2000000] [--batch 5000,50000] [--near 200000,2000000]
+                                [--max-tokens 64] [--num-cpus 2] [--rounds 2] [--work DIR]
 
 Each size runs in a driver process of its own, on a fresh `--num-cpus` Ray that the driver starts
 (`ray.init(address="local")`), so the cluster's processes (GCS, raylet, workers, engines) belong to the driver's
@@ -12,6 +12,9 @@ counted once) of the driver and, summed, of the rest of its session; it prints t
          valid; JSONL written streaming, 8 files) with the `tiny` model's tokenizer, seq_len 512, packing, shards sized
          by input (`num_shards: 0`, 64 MiB of input each); a 2,000-record run first starts Ray's worker processes;
          tokens/s = tokens written to the packed Parquet over the timed run's wall time.
+  near   the same as data, with `near_dedup: true` (MinHash LSH near-duplicate removal, data/near_dedup.py, at its
+         defaults: threshold 0.8, 5-word shingles, 128 permutations): the signatures, the band shuffle and the band
+         tasks on top of the stage's own work; compare with the data line of the same size for their cost.
   batch  `serve.batch.pipeline.main` (infer mode, configs/batch/infer_tiny.yaml) on generated prompts with the
          `tiny` model, at most `--max-tokens` output tokens per prompt; tokens/s = output tokens over the wall time
          (start-up included) and over the engine's busy time (steady).
@@ -89,14 +92,14 @@ def drive(kind: str, inputs: str, model: str, out: str, num_cpus: int, max_token
     os.environ.pop("RAY_ADDRESS", None)
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    if kind == "data":
+    if kind in ("data", "near"):
         from data.config import Config
         from data.prepare import main
 
         def config(inputs: str, out: str):
             return from_dict(Config, {"inputs": [inputs], "output_uri": out, "tokenizer": model, "format": "chat",
-                                      "seq_len": 512, "packing": "pack", "num_shards": 0, "eval_fraction": 0.01},
-                             "bench")
+                                      "seq_len": 512, "packing": "pack", "num_shards": 0, "eval_fraction": 0.01,
+                                      "near_dedup": kind == "near"}, "bench")
 
         # A 2,000-record run first starts Ray's worker processes, as a long-lived cluster would have (bench_data.py
         # does the same): a fresh Ray's cold start is the same few seconds at every size, and timed it would count
@@ -109,7 +112,7 @@ def drive(kind: str, inputs: str, model: str, out: str, num_cpus: int, max_token
         wall = time.perf_counter() - t0
         tokens = sum(s["tokens"] for s in result.splits.values())
         figures = {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "records": result.counts["read"],
-                   "shards": result.manifest["num_shards"]}
+                   "shards": result.manifest["num_shards"], "near_deduplicated": result.counts["near_deduplicated"]}
     else:
         from core.config import load_config
         from serve.batch.config import Config
@@ -167,10 +170,10 @@ class PeakMemory:
 
 def run_size(kind: str, size: int, work: Path, model: str, num_cpus: int, max_tokens: int, round_no: int = 0) -> dict:
     inputs = work / f"{kind}-{size}"
-    inputs = inputs if kind == "data" else inputs.with_suffix(".jsonl")
+    inputs = inputs if kind in ("data", "near") else inputs.with_suffix(".jsonl")
     t = time.perf_counter()
     if not inputs.exists():  # made once: every round of a size reads the same inputs
-        write_records(inputs, size) if kind == "data" else write_prompts(inputs, size)
+        write_records(inputs, size) if kind in ("data", "near") else write_prompts(inputs, size)
     made_s = time.perf_counter() - t
     out = work / f"{kind}-{size}-out-{round_no}"
     cmd = [sys.executable, __file__, "--drive", kind, str(inputs), model, str(out), str(num_cpus), str(max_tokens)]
@@ -203,6 +206,7 @@ def pooled(runs: list[dict]) -> dict:
 def line(kind: str, r: dict) -> str:
     steady = f", steady {r['steady_tokens_per_s']:.0f}" if r.get("steady_tokens_per_s") else ""
     steady += f", {r['shards']} shards" if r.get("shards") else ""
+    steady += f", {r['near_deduplicated']:,} near copies removed" if kind == "near" else ""
     return (f"{kind} {r['size']:>9,}: wall {r['wall_s']:7.1f} s, {r['tokens']:>12,} tokens, {r['tokens_per_s']:8.0f} "
             f"tok/s{steady}; peak PSS driver {r['driver_peak_mib']:6.0f} MiB, cluster {r['cluster_peak_mib']:6.0f} MiB; "
             f"spilled {r['spilled_bytes'] / 2**20:.0f} MiB")
@@ -227,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default="20000,200000,2000000", help="record counts, comma-separated ('' = none)")
     p.add_argument("--batch", default="5000,50000", help="prompt counts, comma-separated ('' = none)")
+    p.add_argument("--near", default="200000,2000000", help="data with near_dedup: record counts ('' = none)")
     p.add_argument("--max-tokens", type=int, default=64, help="batch: output tokens per prompt at most")
     p.add_argument("--num-cpus", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="runs per size, the sizes in alternating order each round")
     p.add_argument("--work", default=None, help="where inputs and outputs go (default: a temporary dir)")
     args = p.parse_args(argv)
-    sizes = {k: [int(s) for s in v.split(",") if s] for k, v in (("data", args.data), ("batch", args.batch))}
+    sizes = {k: [int(s) for s in v.split(",") if s]
+             for k, v in (("data", args.data), ("near", args.near), ("batch", args.batch))}
 
     from stack.tiny_model import build_tiny_model
 
@@ -243,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
               f"memory as PSS sampled every 0.5 s; sizes {sizes}; batch: at most {args.max_tokens} output tokens "
               "per prompt", flush=True)
         done: dict[str, list[dict]] = {}
-        for kind in ("data", "batch"):
+        for kind in ("data", "near", "batch"):
             by_size: dict[int, list[dict]] = {size: [] for size in sizes[kind]}
             for i, order in enumerate(round_order(sizes[kind], args.rounds)):
                 for size in order:

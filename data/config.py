@@ -16,9 +16,20 @@ NOT_IN_VERSION = ("output_uri", "overwrite", "mlflow_experiment", "tokenizer", "
 
 
 @dataclass
+class MixtureSource:
+    """One named source of a mixture: its files and its share of the records taken."""
+
+    name: str
+    inputs: list[str]
+    """Files or directories (local paths or s3:// URIs), as `Config.inputs`."""
+    weight: float
+    """Its share of `mixture_records` (weights are normalised: 7/2/1 and 0.7/0.2/0.1 are the same mixture)."""
+
+
+@dataclass
 class Config:
     inputs: list[str]
-    """Files or directories (local paths or s3:// URIs) of training records."""
+    """Files or directories (local paths or s3:// URIs) of training records; [] when `mixture` names them."""
     output_uri: str
     """Where versions go: `<output_uri>/<version>/{manifest.json,train/,eval/,rejects/}`."""
     tokenizer: str
@@ -75,9 +86,42 @@ class Config:
     """Seconds this stage may wait for cluster resources before it fails with the wait's report (what it asked for,
     what is free, what holds the rest, whether an autoscaler can add nodes: core/resource_wait.py); 0 = wait as
     long as it takes (the report is printed all the same, 10 s into a wait and every minute after)."""
+    mixture: list[MixtureSource] = field(default_factory=list)
+    """Instead of `inputs`: named sources sampled by weight into `mixture_records` training records, chosen
+    deterministically from `seed` (data/mixture.py). A source asked for more records than it has is repeated whole
+    before any record of it a second time. The manifest's `mixture` lists each source's weight and records taken."""
+    mixture_records: int = 0
+    """Records (input lines) a mixture takes in all; 0 = the most it can take without repeating any source."""
+    near_dedup: bool = False
+    """Also drop near-duplicates: records whose word shingles have an estimated Jaccard similarity of about
+    `near_dedup_threshold` or more with an earlier record (MinHash LSH, data/near_dedup.py). Each one removed is in
+    the rejects as near_duplicate, naming the record it is a near copy of."""
+    near_dedup_threshold: float = 0.8
+    """Jaccard similarity of shingle sets from which records count as near copies (LSH bands are chosen for it)."""
+    near_dedup_ngram: int = 5
+    """Words per shingle."""
+    near_dedup_num_perm: int = 128
+    """MinHash permutations (signature length): more is a sharper threshold and more work per record."""
 
     def __post_init__(self):
-        require(len(self.inputs) > 0, "inputs", "give at least one file or directory")
+        if self.mixture:
+            require(not self.inputs, "inputs", "give inputs or mixture, not both (a mixture's sources name their files)")
+            names = [m.name for m in self.mixture]
+            for i, m in enumerate(self.mixture):
+                require(bool(m.name.strip()) and m.name not in names[:i], f"mixture[{i}].name",
+                        f"{m.name!r}: each source needs a name of its own")
+                require(len(m.inputs) > 0, f"mixture[{i}].inputs", "give at least one file or directory")
+                require(m.weight > 0, f"mixture[{i}].weight", f"{m.weight} must be > 0")
+                for j, uri in enumerate(m.inputs):
+                    require(bool(str(uri).strip()), f"mixture[{i}].inputs[{j}]", "empty path")
+        else:
+            require(len(self.inputs) > 0, "inputs", "give at least one file or directory (or a mixture)")
+        require(self.mixture_records >= 0, "mixture_records", f"{self.mixture_records} must be >= 0")
+        require(0.0 < self.near_dedup_threshold < 1.0, "near_dedup_threshold",
+                f"{self.near_dedup_threshold} must be in (0, 1)")
+        require(1 <= self.near_dedup_ngram <= 64, "near_dedup_ngram", f"{self.near_dedup_ngram} must be in 1 .. 64")
+        require(16 <= self.near_dedup_num_perm <= 1024, "near_dedup_num_perm",
+                f"{self.near_dedup_num_perm} must be in 16 .. 1024")
         for name in ("inputs", "eval_inputs"):
             for i, uri in enumerate(getattr(self, name)):
                 require(bool(str(uri).strip()), f"{name}[{i}]", "empty path")
@@ -93,9 +137,17 @@ class Config:
         require(self.tokenize_batch_size >= 1, "tokenize_batch_size", "must be >= 1")
 
 
+# Fields added after versions were first built: at their defaults they stay out of the hash, so a config that does
+# not use them keeps the version it had (a re-run stays a no-op across the upgrade).
+LATER_FIELDS = ("mixture", "mixture_records", "near_dedup", "near_dedup_threshold", "near_dedup_ngram",
+                "near_dedup_num_perm")
+
+
 def version_config(cfg: Config) -> dict:
     """The part of the config that decides the output's content (what the version hashes)."""
-    return {k: v for k, v in to_dict(cfg).items() if k not in NOT_IN_VERSION}
+    defaults = to_dict(Config(inputs=["-"], output_uri="-", tokenizer="-"))
+    return {k: v for k, v in to_dict(cfg).items()
+            if k not in NOT_IN_VERSION and not (k in LATER_FIELDS and v == defaults[k])}
 
 
 def shard_count(cfg: Config, input_bytes: int) -> int:

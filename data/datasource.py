@@ -6,7 +6,7 @@ the driver's MLflow and transformers imports.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 from ray.data.block import BlockMetadata
@@ -16,9 +16,24 @@ from data.sources import LINES_SCHEMA, FilePart, group_files, read_lines
 from core import storage
 
 
+def coalesce(blocks: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """The same rows in blocks of at least `rows` (but the last): a group of many small files becomes a few
+    blocks, so the per-block work (the transform's set-up, one write per shard) is paid per block, not per file."""
+    pending: list[pa.Table] = []
+    count = 0
+    for block in blocks:
+        pending.append(block)
+        count += block.num_rows
+        if count >= rows:
+            yield pa.concat_tables(pending) if len(pending) > 1 else block
+            pending, count = [], 0
+    if count:
+        yield pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+
+
 class LinesDatasource(Datasource):
     """Ray Data datasource over the input files: raw lines (see `data.sources.read_lines`), one read task
-    per file or part of a big one, or per group of small files. A `transform`
+    per file or part of a big one, or per group of small files (their lines coalesced into blocks of `block_rows`). A `transform`
     runs on every block inside the read task (the stage's per-record work, fused with the read so no
     block crosses processes before it is done). A `sink` then takes the task's transformed blocks as they
     are made and returns the task's one block (the stage writes them to its shuffle files and returns
@@ -49,7 +64,8 @@ class LinesDatasource(Datasource):
                                  input_files=sorted({f.file.uri for f in group}))
 
             def read(group=group, block_rows=self.block_rows, transform=self.transform, sink=self.sink):
-                blocks = (transform(b) if transform else b for f in group for b in read_lines(f, block_rows))
+                lines = coalesce((b for f in group for b in read_lines(f, block_rows)), block_rows)
+                blocks = (transform(b) if transform else b for b in lines)
                 if sink:
                     yield sink(blocks)
                 else:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from data.heap import no_cycle_collection
+from data.mixture import MixturePlan, expand
+from data.near_dedup import NearDupPlan, band_keys
 from data.records import Messages, RecordRules, Reject, content_bytes, parse_record
 from data.template import ChatRenderer
 
@@ -33,6 +35,7 @@ EXAMPLE_SCHEMA = pa.schema([
     ("raw", pa.large_string()),
     ("text", pa.large_string()),
     ("spans", pa.list_(pa.int32())),  # flat [start, end, start, end, ...] character spans with labels
+    ("bands", pa.list_(pa.uint64())),  # near_dedup: the example's LSH band keys (data/near_dedup.py); else null
 ])
 
 
@@ -46,6 +49,8 @@ class ExamplePlan:
     eval_fraction: float
     seq_len: int
     num_shards: int = 1
+    mixture: MixturePlan | None = None  # lines of a mixture's files are repeated as often as they are taken
+    near: NearDupPlan | None = None  # near_dedup: each example also gets its LSH band keys
 
 
 def render(content: Messages | str, renderer: ChatRenderer) -> tuple[str, list[int]] | Reject:
@@ -63,6 +68,13 @@ def keys(content: bytes, seed: int) -> tuple[int, int, int, float]:
     seeded = hashlib.blake2b(digest, digest_size=16, key=seed.to_bytes(8, "little", signed=True)).digest()
     return (int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little"),
             int.from_bytes(seeded[:8], "little"), int.from_bytes(seeded[8:], "little") / 2.0**64)
+
+
+def copy_keys(key1: int, order: int, copy: int) -> tuple[int, int]:
+    """(key1, order) of a mixture's repeat `copy` (>= 1) of a record: another dedup key, so exact dedup keeps a
+    record's own repeats, and another place in the shuffle order. key0 stays, so the copies share a shard."""
+    digest = hashlib.blake2b(b"%d:%d:%d" % (key1, order, copy), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
 
 
 def location_digest(source: str, line: int) -> bytes:
@@ -85,14 +97,16 @@ def to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
 
 
 def _to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
+    block, copies = expand(block, plan.mixture)
     rows: list[tuple] = []
+    signed: list[tuple[int, Messages | str]] = []  # (row, content) of the examples to sign for near_dedup
     sources = block.column("source").to_pylist()
     lines = block.column("line").to_pylist()
     raws = block.column("raw").to_pylist()
     kinds = block.column("kind").to_pylist()
     splits = block.column("split").to_pylist()
     carry_raw_from = plan.seq_len  # see below: only texts this long can exceed seq_len tokens
-    for source, line, raw, kind, split in zip(sources, lines, raws, kinds, splits):
+    for source, line, raw, kind, split, copy in zip(sources, lines, raws, kinds, splits, copies):
         result = parse_record(raw, kind, plan.rules)
         if not isinstance(result, Reject):
             content = result
@@ -100,19 +114,27 @@ def _to_examples(block: pa.Table, plan: ExamplePlan) -> pa.Table:
         if isinstance(result, Reject):
             key0 = int.from_bytes(location_digest(source, line), "little")
             values = (key0 % plan.num_shards, key0, None, None, split, source, line, result.reason, result.detail,
-                      _raw_text(raw), None, None)
+                      _raw_text(raw), None, None, None)
         else:
             text, spans = result
             key0, key1, order, u = keys(content_bytes(content), plan.seed)
             if split == TRAIN and u < plan.eval_fraction:
                 split = EVAL
+            if copy and split == TRAIN:  # a held-out record is held out once: its eval copies stay duplicates
+                key1, order = copy_keys(key1, order, copy)
             # A token covers at least one byte, so only a text of >= seq_len bytes can become too_long;
             # keep the raw record for those alone, so the shuffle does not carry every record twice.
             n_bytes = len(text) if text.isascii() else len(text.encode("utf-8"))
             keep_raw = isinstance(content, list) and n_bytes + 8 >= carry_raw_from
             values = (key0 % plan.num_shards, key0, key1, order, split, source, line, "", "",
-                      _raw_text(raw) if keep_raw else None, text, spans)
+                      _raw_text(raw) if keep_raw else None, text, spans, None)
+            if plan.near is not None and not copy:  # a mixture's repeats are exact copies: one set of bands will do
+                signed.append((len(rows), content))
         rows.append(values)
-    columns = zip(*rows) if rows else ([] for _ in EXAMPLE_SCHEMA)
+    columns = [list(c) for c in zip(*rows)] if rows else [[] for _ in EXAMPLE_SCHEMA]
+    if signed:  # all of the block's signatures in one vectorised pass
+        bands = columns[-1]
+        for (i, _), band in zip(signed, band_keys([content for _, content in signed], plan.near).tolist()):
+            bands[i] = band
     return pa.Table.from_arrays([pa.array(column, type=f.type) for column, f in zip(columns, EXAMPLE_SCHEMA)],
                                 schema=EXAMPLE_SCHEMA)

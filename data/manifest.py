@@ -43,7 +43,7 @@ def add_up(shard_stats: list[dict]) -> dict:
     totals = Counter()
     for s in shard_stats:
         reasons.update(s["rejected_by_reason"])
-        totals.update({k: s[k] for k in ("read", "deduplicated", "truncated")})
+        totals.update({k: s.get(k, 0) for k in ("read", "deduplicated", "near_deduplicated", "truncated")})
         for name in SPLIT_NAMES:
             splits[name].update(s["splits"][name])
     rejected = sum(reasons.values())
@@ -51,7 +51,8 @@ def add_up(shard_stats: list[dict]) -> dict:
     counts = {
         "read": totals["read"], "rejected": rejected,
         "rejected_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "deduplicated": totals["deduplicated"], "truncated": totals["truncated"], "written_examples": written,
+        "deduplicated": totals["deduplicated"], "near_deduplicated": totals["near_deduplicated"],
+        "truncated": totals["truncated"], "written_examples": written,
     }
     return {"counts": counts, "splits": {n: {k: int(splits[n][k]) for k in ("rows", "examples", "tokens", "loss_tokens")}
                                         for n in SPLIT_NAMES}}
@@ -107,7 +108,8 @@ def summary_table(manifest: dict, manifest_uri: str, wall_s: float | None = None
         ("output", manifest_uri.rsplit("/", 1)[0]),
         ("records read", f"{c['read']:,}"),
         ("rejected", f"{c['rejected']:,}" + "".join(f"\n{'':>16}  {r}: {n:,}" for r, n in c["rejected_by_reason"].items())),
-        ("deduplicated", f"{c['deduplicated']:,}"),
+        ("deduplicated", f"{c['deduplicated']:,}" + (f" (+ {c['near_deduplicated']:,} near copies)"
+                                                     if c.get("near_deduplicated") else "")),
         ("truncated", f"{c['truncated']:,}"),
         ("examples out", f"{c['written_examples']:,} (train {s['train']['examples']:,}, eval {s['eval']['examples']:,})"),
         ("rows out", f"{s['train']['rows']:,} train, {s['eval']['rows']:,} eval  x {manifest['seq_len']} tokens"),

@@ -2,10 +2,12 @@
 
     python -m pipelines.prepare_data --config configs/data/sample.yaml [key=value ...]
 
-On Ray, streaming: read raw lines (Ray Data) -> validate, clean, render with the chat template and hash (fused with
-the reads) -> shuffle by content hash through storage, one file per read task and shard (`data.shuffle`) -> per
-shard, one task: exact dedup, seeded order, tokenize, pack, train/eval files and rejects -> a small stats dict per
-shard back to the driver, which writes `manifest.json` last. A version whose manifest exists is returned as it is.
+On Ray, streaming: read raw lines (Ray Data; compressed files as streams; a mixture's lines repeated as often as
+they are taken, `data.mixture`) -> validate, clean, render with the chat template and hash (fused with the reads)
+-> shuffle by content hash through storage, one file per read task and shard (`data.shuffle`) -> [near_dedup: one
+task per LSH band partition names the near copies, `data.near_phase`] -> per shard, one task: exact (and near)
+dedup, seeded order, tokenize, pack, train/eval files and rejects -> a small stats dict per shard back to the
+driver, which writes `manifest.json` last. A version whose manifest exists is returned as it is.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from data import tracking
 from data.config import Config, content_config_hash, shard_count
 from data.datasource import LinesDatasource
 from data.examples import EVAL, TRAIN, ExamplePlan, to_examples
+from data.mixture import plan_mixture
 from data.prepared import load_manifest
 from data.records import RecordRules
 from data.shards import ShardPlan, build_shard_files
-from data.shuffle import FILES_SCHEMA, shuffle_uri, write_partitions
-from data.sources import FilePart, SourceFile, discover, scan_file, split_file
+from data.near_dedup import NearDupPlan
+from data.near_phase import find_near_copies
+from data.shuffle import BANDS, EXAMPLES, FILES_SCHEMA, NEAR, shuffle_uri, write_partitions
+from data.sources import FilePart, SourceFile, discover, group_files, scan_file, scan_files, split_file
 from data.template import ChatRenderer, TemplateSpec
 from data.tokens import (
     check_template,
@@ -69,15 +74,28 @@ def scan_sources(files: list[SourceFile], part_bytes: int) -> tuple[dict[str, st
     """sha256 of every input's bytes and the parts the read tasks take (a file over 1.5 parts is cut at
     line starts): local files here, where they are; s3:// objects as Ray tasks, next to the data."""
     def cut(f: SourceFile) -> int:
-        return part_bytes if f.kind != "parquet" and f.size > 1.5 * part_bytes else 0
+        return part_bytes if f.splittable and f.size > 1.5 * part_bytes else 0
 
     remote = [f for f in files if storage.is_remote(f.uri)]
-    scan_task = ray.remote(num_cpus=0.5)(scan_file)
-    refs = [scan_task.remote(f.uri, cut(f)) for f in remote]
     scans = {f.uri: scan_file(f.uri, cut(f)) for f in files if not storage.is_remote(f.uri)}
-    scans.update(zip([f.uri for f in remote], ray.get(refs)))
+    # One task per group of objects, as the reads are grouped: thousands of small objects are not thousands of tasks.
+    groups = group_files([FilePart(f) for f in remote], 4 * max(int(cluster_cpus()), 1))
+    scan_task = ray.remote(num_cpus=0.5)(scan_files)
+    refs = [scan_task.remote([(p.file.uri, cut(p.file)) for p in group]) for group in groups]
+    for group, result in zip(groups, ray.get(refs)):
+        scans.update(zip([p.file.uri for p in group], result))
     parts = [part for f in files for part in split_file(f, scans[f.uri][1])]
     return {f.uri: scans[f.uri][0] for f in files}, parts
+
+
+def check_distinct(files: list[SourceFile]) -> None:
+    """A file named twice (in two mixture sources, or in inputs and eval_inputs) would be read twice: refuse it."""
+    seen: dict[str, SourceFile] = {}
+    for f in files:
+        if f.uri in seen:
+            raise ValueError(f"{f.uri} is named twice in the inputs (inputs, mixture[].inputs, eval_inputs); "
+                             "name each file once")
+        seen[f.uri] = f
 
 
 def _template_spec(cfg: Config, tok) -> TemplateSpec:
@@ -100,6 +118,14 @@ def _no_reservation():
         ctx.op_resource_reservation_enabled = before
 
 
+def _by_partition(written: list[dict]) -> dict[str, dict[int, list[str]]]:
+    """Shuffle files (data.shuffle's FILES_SCHEMA rows) by kind and partition, each list in a fixed order."""
+    files: dict[str, dict[int, list[str]]] = {}
+    for row in sorted(written, key=lambda r: r["uri"]):
+        files.setdefault(row["kind"], {}).setdefault(row["part"], []).append(row["uri"])
+    return files
+
+
 def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePlan,
                  shard_plan: ShardPlan) -> list[dict]:
     """Run the stage on Ray; returns the stats of every shard (see `data.shards.build_shard`).
@@ -115,18 +141,24 @@ def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePl
     # About one read task per `part_bytes` of input (small files grouped, big ones already cut): Ray Data
     # would otherwise cut the reads into 200.
     read_tasks = min(len(parts), max(1, -(-sum(p.size for p in parts) // part_bytes)))
+    near = example_plan.near
     lines = LinesDatasource(parts, transform=functools.partial(to_examples, plan=example_plan),
-                            sink=functools.partial(write_partitions, version_uri=shard_plan.version_uri),
+                            sink=functools.partial(write_partitions, version_uri=shard_plan.version_uri,
+                                                   band_partitions=near.partitions if near else 0),
                             schema=FILES_SCHEMA)
     build = ray.remote(build_shard_files).options(num_cpus=shard_plan.tokenizer_threads)
     try:
         with _no_reservation():
             reads = ray.data.read_datasource(lines, override_num_blocks=read_tasks)
-        written = reads.take_all()
-        files: dict[int, list[str]] = {}
-        for row in sorted(written, key=lambda r: r["uri"]):
-            files.setdefault(row["part"], []).append(row["uri"])
-        return ray.get([build.remote(uris, shard_plan) for _, uris in sorted(files.items())])
+        files = _by_partition(reads.take_all())
+        near_files: dict[int, list[str]] = {}
+        if near:  # one task per band partition, between the reads and the shard tasks (data/near_phase.py)
+            find = ray.remote(find_near_copies).options(num_cpus=1)
+            found = ray.get([find.remote(uris, part, example_plan.num_shards, shard_plan.version_uri)
+                             for part, uris in sorted(files.get(BANDS, {}).items())])
+            near_files = _by_partition([row for rows in found for row in rows]).get(NEAR, {})
+        return ray.get([build.remote(uris, shard_plan, near_files.get(part))
+                        for part, uris in sorted(files.get(EXAMPLES, {}).items())])
     finally:  # after a failed task too: the files are as large as the rendered input
         storage.delete_tree(shuffle_uri(shard_plan.version_uri))
 
@@ -148,8 +180,11 @@ def main(cfg: Config) -> Result:
     """Prepare (or find already prepared) the dataset version for `cfg`; see the module docstring."""
     t0 = time.perf_counter()
     init_ray()
-    files = discover(cfg.inputs, cfg.file_format, TRAIN, "inputs")
+    mixture_files = [discover(m.inputs, cfg.file_format, TRAIN, f"mixture[{i}].inputs") for i, m in enumerate(cfg.mixture)]
+    files = discover(cfg.inputs, cfg.file_format, TRAIN, "inputs") if cfg.inputs else []
+    files += [f for source in mixture_files for f in source]
     files += discover(cfg.eval_inputs, cfg.file_format, EVAL, "eval_inputs")
+    check_distinct(files)
     if cfg.format != "text" and any(f.kind == "text" for f in files):
         bad = next(f.uri for f in files if f.kind == "text")
         raise ValueError(f"inputs: {bad} is plain text, but format is {cfg.format}; plain text files need format: text")
@@ -175,9 +210,14 @@ def main(cfg: Config) -> Result:
     if storage.exists(version_uri):
         storage.delete_tree(version_uri)  # a failed or overwritten earlier attempt: start clean
 
-    num_shards = shard_count(cfg, sum(f.size for f in files))
+    mixture, mixture_rows = plan_mixture(cfg, mixture_files) if cfg.mixture else (None, [])
+    # Shards by the bytes the run takes: a mixture source's repeats (or its left-out records) counted.
+    taken = {f.uri: r["taken"] / r["records"] for source, r in zip(mixture_files, mixture_rows) for f in source}
+    num_shards = shard_count(cfg, int(sum(f.size * taken.get(f.uri, 1.0) for f in files)))
+    # Band partitions as many as shards: a band task holds `bands` small rows per example of its share.
+    near = NearDupPlan.from_config(cfg, num_shards) if cfg.near_dedup else None
     example_plan = ExamplePlan(RecordRules.from_config(cfg), ChatRenderer.build(_template_spec(cfg, tok)), cfg.seed,
-                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, num_shards)
+                               0.0 if cfg.eval_inputs else cfg.eval_fraction, cfg.seq_len, num_shards, mixture, near)
     threads = _task_threads(cpus, num_shards, node_free_cpus())
     shard_plan = ShardPlan(version_uri, tok.backend_tokenizer.to_str(), cfg.format, cfg.seq_len, cfg.packing,
                            cfg.truncate, cfg.dedup, cfg.seed, identity["pad_token_id"], cfg.tokenize_batch_size,
@@ -187,6 +227,11 @@ def main(cfg: Config) -> Result:
             totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan))
         manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
                                      totals, run_id, num_shards)
+        if mixture_rows:
+            manifest["mixture"] = mixture_rows
+        if near:
+            manifest["near_dedup"] = {"threshold": cfg.near_dedup_threshold, "ngram": near.ngram,
+                                      "num_perm": near.num_perm, "bands": near.bands, "rows": near.rows}
         # How it was built, not what it holds: the same version built elsewhere has other values here.
         manifest["built_with"] = {"cluster_cpus": cpus, "tokenizer_threads_per_shard": threads}
         wall_s = time.perf_counter() - t0

@@ -4,6 +4,7 @@ A shard is one partition of the hash shuffle on content (`data.shuffle`), so eve
 shard. This is the second half of the stage, run once per shard: exact dedup, the deterministic
 shuffle order, tokenizing, the too_long policy, packing (or padding), and writing
     <version>/train/part-<shard>.parquet, <version>/eval/part-<shard>.parquet, <version>/rejects/part-<shard>.jsonl
+(with near_dedup, after the exact dedup, the near copies data/near_dedup.py found are dropped too)
 The shard's name is its smallest row key (16 hex digits): fixed by its content, so a retried task
 overwrites its own output instead of adding to it, and a re-run writes the same names.
 """
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 
 from data.examples import EVAL, TRAIN
 from data.heap import keep_freed_memory, no_cycle_collection
+from data.near_dedup import first_references
 from data.packing import IGNORE, PackedRows, pack_sequences, pad_sequences
 from data.prepared import COLUMNS, ROW_SCHEMA
 from data.shuffle import read_partition
@@ -125,13 +127,32 @@ def _reject_lines(table: pa.Table, reasons: list[str] | None = None, details: li
     return out
 
 
-def build_shard(group: pa.Table, backend, plan: ShardPlan, token_bytes: np.ndarray | None = None) -> dict:
-    """Dedup, tokenize, pack and write one shard; return its counts (see `data.manifest.add_up`)."""
+def drop_near_copies(examples: pa.Table, near: dict[int, tuple[str, int]]) -> tuple[pa.Table, list[dict]]:
+    """`examples` without those `near` names (by key0: every copy of their content), and a reject line for each,
+    naming the record it is a near copy of (data/near_dedup.py)."""
+    if not near or not examples.num_rows:
+        return examples, []
+    named = np.isin(examples["key0"].to_numpy(), np.fromiter(near, np.uint64, len(near)))
+    if not named.any():
+        return examples, []
+    dropped = examples.filter(pa.array(named))
+    refs = [near[k] for k in dropped["key0"].to_pylist()]
+    lines = _reject_lines(dropped, ["near_duplicate"] * len(refs), [f"near copy of {s} line {n}" for s, n in refs])
+    for line, (source, number) in zip(lines, refs):
+        line["near_copy_of"] = {"source": source, "line": number}
+    return examples.filter(pa.array(~named)), lines
+
+
+def build_shard(group: pa.Table, backend, plan: ShardPlan, token_bytes: np.ndarray | None = None,
+                near: dict[int, tuple[str, int]] | None = None) -> dict:
+    """Dedup (exact, then the near copies `near` names, see `data.near_dedup.first_references`), tokenize, pack and
+    write one shard; return its counts (see `data.manifest.add_up`)."""
     shard_key = pc.min(group["key0"]).as_py()
     shard = f"{shard_key:016x}"
     is_reject = pc.not_equal(group["reason"], "").to_numpy(zero_copy_only=False)
     rejects = _reject_lines(group.filter(is_reject))
     examples, deduplicated = dedup_examples(group, np.flatnonzero(~is_reject), plan.dedup)
+    examples, near_rejects = drop_near_copies(examples, near or {})
     ids, labels, lengths = tokenize_examples(backend, examples, plan, token_bytes)
     ids, labels, lengths, kept, truncated = apply_length_policy(ids, labels, lengths, plan)
     if not kept.all():
@@ -142,7 +163,9 @@ def build_shard(group: pa.Table, backend, plan: ShardPlan, token_bytes: np.ndarr
         rejects += _reject_lines(dropped, too_long, details)
         examples = examples.filter(pa.array(kept))
     stats = {"shard": shard, "read": group.num_rows, "rejected_by_reason": dict(Counter(r["reason"] for r in rejects)),
-             "deduplicated": deduplicated, "truncated": int(truncated.sum()), "splits": {}}
+             "deduplicated": deduplicated, "near_deduplicated": len(near_rejects), "truncated": int(truncated.sum()),
+             "splits": {}}
+    rejects += near_rejects  # in the rejects file, but not rejects: dropped as copies, like exact duplicates
     # Examples are sorted by split (dedup_examples): each split is one run of examples and of tokens.
     first = np.searchsorted(examples["split"].to_numpy(), list(SPLITS) + [max(SPLITS) + 1])
     token_first = np.concatenate([[0], np.cumsum(lengths)])[first]
@@ -174,10 +197,11 @@ def _backend(backend_json: str, threads: int):
     return backend, byte_lengths(backend)
 
 
-def build_shard_files(uris: list[str], plan: ShardPlan) -> dict:
-    """The shard task: one shard's shuffle files (`data.shuffle`) -> its stats."""
+def build_shard_files(uris: list[str], plan: ShardPlan, near_uris: list[str] | None = None) -> dict:
+    """The shard task: one shard's shuffle files (`data.shuffle`), and near_dedup's files for it -> its stats."""
     keep_freed_memory()
     group = read_partition(uris)
+    near = first_references(read_partition(near_uris)) if near_uris else None
     backend, token_bytes = _backend(plan.backend_json, plan.tokenizer_threads)
     with no_cycle_collection():  # a list of ids per record, thousands alive at once
-        return build_shard(group, backend, plan, token_bytes)
+        return build_shard(group, backend, plan, token_bytes, near)

@@ -7,7 +7,9 @@ Arrow IPC file per shard it has rows for:
 
     <version>/_shuffle/part-<shard>/<task>.arrow
 
-and each shard task reads the files of its shard. A read task holds one block at a time, a shard task one shard, so
+and each shard task reads the files of its shard. With near_dedup, each task also writes its examples' LSH band
+rows by band key (data/near_dedup.py) to `_shuffle/bands-<partition>/<task>.arrow`; one task per band partition
+writes the near copies it finds to `_shuffle/near-<shard>/<partition>.arrow`, for the shard tasks to drop. A read task holds one block at a time, a shard task one shard, so
 memory stays the same however large the input (the files are on disk, or in object storage next to the output).
 `<task>` is a hash of the task's first record (source and line), fixed by the input: a retried task rewrites its
 own files instead of adding copies. The driver deletes `_shuffle` once every shard is written.
@@ -22,10 +24,12 @@ import pyarrow as pa
 
 from data.examples import location_digest
 from data.heap import keep_freed_memory
+from data.near_dedup import band_rows
 from core import storage
 
 SHUFFLE_DIR = "_shuffle"
-FILES_SCHEMA = pa.schema([("part", pa.int32()), ("uri", pa.string()), ("rows", pa.int64())])
+FILES_SCHEMA = pa.schema([("part", pa.int32()), ("uri", pa.string()), ("rows", pa.int64()), ("kind", pa.string())])
+EXAMPLES, BANDS, NEAR = "part", "bands", "near"  # the kinds of shuffle file, and their folders' prefixes
 
 
 def shuffle_uri(version_uri: str) -> str:
@@ -36,9 +40,8 @@ def _task_name(block: pa.Table) -> str:
     return location_digest(block["source"][0].as_py(), block["line"][0].as_py()).hex()
 
 
-def _pieces(block: pa.Table) -> Iterable[tuple[int, pa.Table]]:
-    """(part, its rows) for every part the block has rows for, rows in block order."""
-    parts = block["part"].to_numpy()
+def _pieces(block: pa.Table, parts: np.ndarray) -> Iterable[tuple[int, pa.Table]]:
+    """(part, its rows) for every part (`parts`: one per row) the block has rows for, rows in block order."""
     if (parts == parts[0]).all():
         yield int(parts[0]), block
         return
@@ -49,35 +52,65 @@ def _pieces(block: pa.Table) -> Iterable[tuple[int, pa.Table]]:
         yield int(ordered[start]), block.slice(start, stop - start)
 
 
-def write_partitions(blocks: Iterable[pa.Table], version_uri: str) -> pa.Table:
-    """Append each block's rows to its shard's file (one per shard for the task); returns a FILES_SCHEMA row per file."""
+class _Writers:
+    """One Arrow IPC file per (kind, partition) a read task has rows for, opened on first use."""
+
+    def __init__(self, version_uri: str):
+        self.version_uri = version_uri
+        self.open: dict[tuple[str, int], tuple] = {}  # (kind, part) -> (output stream, IPC writer)
+        self.uris: dict[tuple[str, int], str] = {}
+        self.rows: dict[tuple[str, int], int] = {}
+
+    def write(self, kind: str, part: int, piece: pa.Table, name: str) -> None:
+        at = (kind, part)
+        if at not in self.open:
+            self.uris[at] = partition_uri(self.version_uri, kind, part, name)
+            fs, path = storage.resolve(self.uris[at])
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            sink = fs.open_output_stream(path)
+            self.open[at] = (sink, pa.ipc.new_file(sink, piece.schema))
+            self.rows[at] = 0
+        self.open[at][1].write_table(piece)
+        self.rows[at] += piece.num_rows
+
+    def close(self) -> pa.Table:
+        for sink, writer in self.open.values():
+            writer.close()
+            sink.close()
+        done = sorted(self.open)
+        return pa.Table.from_arrays([pa.array([p for _, p in done], pa.int32()), pa.array([self.uris[d] for d in done]),
+                                     pa.array([self.rows[d] for d in done], pa.int64()),
+                                     pa.array([k for k, _ in done], pa.string())], schema=FILES_SCHEMA)
+
+
+def partition_uri(version_uri: str, kind: str, part: int, name: str) -> str:
+    return storage.join(shuffle_uri(version_uri), f"{kind}-{part:05d}", f"{name}.arrow")
+
+
+def write_partitions(blocks: Iterable[pa.Table], version_uri: str, band_partitions: int = 0) -> pa.Table:
+    """Append each block's rows to its shard's file (one per shard for the task) and, with `band_partitions`, its
+    band rows to their band partitions' files; returns a FILES_SCHEMA row per file written."""
     keep_freed_memory()
-    writers: dict[int, tuple] = {}  # part -> (output stream, IPC writer)
-    uris: dict[int, str] = {}
-    rows: dict[int, int] = {}
+    writers = _Writers(version_uri)
     name = None
     try:
         for block in blocks:
             if not block.num_rows:
                 continue
             name = name or _task_name(block)
-            for part, piece in _pieces(block):
-                if part not in writers:
-                    uris[part] = storage.join(shuffle_uri(version_uri), f"part-{part:05d}", f"{name}.arrow")
-                    fs, path = storage.resolve(uris[part])
-                    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-                    sink = fs.open_output_stream(path)
-                    writers[part] = (sink, pa.ipc.new_file(sink, piece.schema))
-                    rows[part] = 0
-                writers[part][1].write_table(piece)
-                rows[part] += piece.num_rows
+            if band_partitions:
+                bands = band_rows(block)
+                if bands.num_rows:
+                    parts = (bands["band"].to_numpy() % np.uint64(band_partitions)).astype(np.int32)
+                    for part, piece in _pieces(bands, parts):
+                        writers.write(BANDS, part, piece, name)
+            if "bands" in block.column_names:  # they travel in the band files, not with the examples
+                block = block.drop_columns(["bands"])
+            for part, piece in _pieces(block, block["part"].to_numpy()):
+                writers.write(EXAMPLES, part, piece, name)
     finally:
-        for sink, writer in writers.values():
-            writer.close()
-            sink.close()
-    parts = sorted(writers)
-    return pa.Table.from_arrays([pa.array(parts, pa.int32()), pa.array([uris[p] for p in parts], pa.string()),
-                                 pa.array([rows[p] for p in parts], pa.int64())], schema=FILES_SCHEMA)
+        files = writers.close()
+    return files
 
 
 def read_partition(uris: list[str]) -> pa.Table:

@@ -4,7 +4,10 @@
 datasource, `data.datasource.LinesDatasource`, runs it in read tasks), so a malformed line is a row like
 any other and becomes a reject with its line number instead of failing the read. JSONL and text files are
 read line by line (blank lines are separators, not records); Parquet rows are re-serialised as JSON, with
-their 0-based row index as `line`.
+their 0-based row index as `line`. JSONL and text files compressed with gzip (`.gz`) or zstd (`.zst`) are
+decompressed as a stream inside the read task (pyarrow's compressed input stream), never to disk; their line
+numbers are those of the decompressed text. A compressed file cannot be entered in the middle, so it is read by
+one task, whole.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from core import storage
 
 UTF8_BOM = b"\xef\xbb\xbf"
 EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".txt": "text"}
+# Compression by extension, as pyarrow's codecs name it; the extension before it gives the kind (`a.jsonl.zst`).
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 LINES_SCHEMA = pa.schema([
     ("source", pa.string()), ("line", pa.int64()), ("raw", pa.large_binary()), ("kind", pa.string()),
     ("split", pa.int8()),
@@ -36,20 +41,42 @@ class SourceFile:
     uri: str
     kind: str  # jsonl | parquet | text
     split: int  # 0: from `inputs`, 1: from `eval_inputs`
-    size: int
+    size: int  # bytes as stored (compressed, for a compressed file)
+    compression: str | None = None  # gzip | zstd: decompressed as a stream while read
+
+    @property
+    def splittable(self) -> bool:
+        """Whether read tasks may each take a byte range of it: plain JSONL and text only."""
+        return self.kind != "parquet" and self.compression is None
 
 
-def _kind(uri: str, file_format: str, where: str) -> str | None:
+def _compression(uri: str, where: str) -> tuple[str, str | None]:
+    """(the name without its compression extension, the codec) for `uri`."""
+    stem, ext = posixpath.splitext(posixpath.basename(uri))
+    codec = COMPRESSIONS.get(ext.lower())
+    if codec is None:
+        return posixpath.basename(uri), None
+    if posixpath.splitext(stem)[1].lower() == ".parquet":
+        raise ValueError(f"{where}: {uri} is a compressed Parquet file; Parquet compresses its own pages, "
+                         "write it uncompressed (e.g. compression='zstd' inside the Parquet file)")
+    return stem, codec
+
+
+def _kind(uri: str, file_format: str, where: str) -> tuple[str, str | None] | None:
+    """(kind, compression) of an input file, or None for a file that is not data."""
+    name, codec = _compression(uri, where)
     if file_format != "auto":
-        return file_format
-    name = posixpath.basename(uri)
+        if codec and file_format == "parquet":
+            raise ValueError(f"{where}: {uri} is compressed, but file_format is parquet")
+        return file_format, codec
     if name.startswith((".", "_")):
         return None  # _SUCCESS markers, .crc files and the like are not data
     ext = posixpath.splitext(name)[1].lower()
     if ext not in EXTENSIONS:
         raise ValueError(f"{where}: {uri} has extension {ext or '(none)'!r}; expected one of "
-                         f"{', '.join(sorted(EXTENSIONS))} or set file_format")
-    return EXTENSIONS[ext]
+                         f"{', '.join(sorted(EXTENSIONS))} (JSONL and text also with {', '.join(sorted(COMPRESSIONS))}) "
+                         "or set file_format")
+    return EXTENSIONS[ext], codec
 
 
 def discover(uris: list[str], file_format: str, split: int, field: str) -> list[SourceFile]:
@@ -67,7 +94,7 @@ def discover(uris: list[str], file_format: str, split: int, field: str) -> list[
             selector = pafs.FileSelector(path, recursive=True)
             infos = sorted((i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File), key=lambda i: i.path)
             found = [(storage.join(uri, posixpath.relpath(i.path, path)), i.size) for i in infos]
-        files = [SourceFile(u, k, split, size) for u, size in found if (k := _kind(u, file_format, where))]
+        files = [SourceFile(u, *k[:1], split, size, k[1]) for u, size in found if (k := _kind(u, file_format, where))]
         if not files:
             raise FileNotFoundError(f"{where}: {uri} holds no input files ({', '.join(sorted(EXTENSIONS))})")
         out.extend(files)
@@ -118,9 +145,14 @@ def scan_file(uri: str, part_bytes: int) -> tuple[str, list[tuple[int, int]]]:
     return h.hexdigest(), [(start, line) for start, line in cuts if start < offset]
 
 
+def scan_files(files: list[tuple[str, int]]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """`scan_file` for each (uri, part_bytes), in order: one task's worth of small objects."""
+    return [scan_file(uri, part_bytes) for uri, part_bytes in files]
+
+
 def split_file(f: SourceFile, cuts: list[tuple[int, int]]) -> list[FilePart]:
-    """The parts of `f` that `cuts` (from `scan_file`) mark; Parquet and uncut files are one part."""
-    if f.kind == "parquet" or not cuts:
+    """The parts of `f` that `cuts` (from `scan_file`) mark; Parquet, compressed and uncut files are one part."""
+    if not f.splittable or not cuts:
         return [FilePart(f)]
     starts = [(0, 1), *cuts]
     ends = [start for start, _ in cuts] + [None]
@@ -149,32 +181,45 @@ def read_lines(part: FilePart | SourceFile, block_rows: int) -> Iterator[pa.Tabl
             yield _block(f, list(range(row, row + len(raws))), raws)
             row += len(raws)
         return
-    lines: list[int] = []
-    raws: list[bytes] = []
-    number = part.first_line - 1
-    rest = b""
-    left = part.size
-    at_file_start = part.start == 0
+    if f.compression:
+        try:
+            with fs.open_input_stream(path, compression=f.compression) as stream:
+                yield from _line_blocks(f, stream, part.first_line, None, True, block_rows)
+        except OSError as e:  # a truncated or corrupt archive: say which file, not just the codec's complaint
+            raise ValueError(f"{f.uri}: cannot read it as {f.compression} ({e}); is the file whole and "
+                             f"compressed with {f.compression}?") from e
+        return
     with fs.open_input_file(path) as stream:
         stream.seek(part.start)
-        while True:
-            chunk = stream.read(min(_CHUNK_BYTES, left))
-            if at_file_start and chunk.startswith(UTF8_BOM):
-                chunk = chunk[len(UTF8_BOM):]  # a byte-order mark (Windows tools write one) opens the file, not its first record
-            at_file_start = False
-            left -= len(chunk)
-            parts = (rest + chunk).split(b"\n")
-            rest = parts.pop() if chunk else b""  # a line the next chunk ends
-            for line in parts:
-                number += 1
-                if line.strip():
-                    lines.append(number)
-                    raws.append(line[:-1] if line.endswith(b"\r") else line)
-            if len(lines) >= block_rows or (not chunk and lines):
-                yield _block(f, lines, raws)
-                lines, raws = [], []
-            if not chunk:
-                return
+        yield from _line_blocks(f, stream, part.first_line, part.size, part.start == 0, block_rows)
+
+
+def _line_blocks(f: SourceFile, stream, first_line: int, size: int | None, at_file_start: bool,
+                 block_rows: int) -> Iterator[pa.Table]:
+    """Blocks of the non-blank lines in the next `size` bytes of `stream` (None: to its end)."""
+    lines: list[int] = []
+    raws: list[bytes] = []
+    number = first_line - 1
+    rest = b""
+    left = size
+    while True:
+        chunk = stream.read(_CHUNK_BYTES if left is None else min(_CHUNK_BYTES, left))
+        if at_file_start and chunk.startswith(UTF8_BOM):
+            chunk = chunk[len(UTF8_BOM):]  # a byte-order mark (Windows tools write one) opens the file, not its first record
+        at_file_start = False
+        left = None if left is None else left - len(chunk)
+        parts = (rest + chunk).split(b"\n")
+        rest = parts.pop() if chunk else b""  # a line the next chunk ends
+        for line in parts:
+            number += 1
+            if line.strip():
+                lines.append(number)
+                raws.append(line[:-1] if line.endswith(b"\r") else line)
+        if len(lines) >= block_rows or (not chunk and lines):
+            yield _block(f, lines, raws)
+            lines, raws = [], []
+        if not chunk:
+            return
 
 
 def group_files(files: list[FilePart], parallelism: int) -> list[list[FilePart]]:

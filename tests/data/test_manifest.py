@@ -42,7 +42,7 @@ def test_version_is_stable_and_sensitive():
 def test_add_up_sums_shards_and_refuses_a_shard_built_twice():
     totals = add_up([shard(0), shard(1, rejected={"invalid_json": 1, "too_long": 3})])
     assert totals["counts"] == {"read": 20, "rejected": 6, "rejected_by_reason": {"invalid_json": 3, "too_long": 3},
-                                "deduplicated": 2, "truncated": 0, "written_examples": 14}
+                                "deduplicated": 2, "near_deduplicated": 0, "truncated": 0, "written_examples": 14}
     assert totals["splits"]["train"] == {"rows": 4, "examples": 10, "tokens": 200, "loss_tokens": 80}
     with pytest.raises(RuntimeError, match=r"shards \[1\]"):
         add_up([shard(1), shard(1)])
