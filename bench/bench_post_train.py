@@ -11,7 +11,7 @@
    engine on it; seconds per update, for the tiny and small models (stack/tiny_model.py).
 3. GRPO steps/s: rayline's loop (posttrain/grpo/loop.py: vLLM rollouts, Ray reward tasks, the FSDP2 policy) vs TRL's
    `GRPOTrainer` as a user would run it on this CPU (its own generation with transformers: TRL 1.16 supports vLLM
-   up to 0.31, this venv has 0.32), both on the same warm tiny policy (bench/post_train_model.py), the same reward
+   up to 0.31, this venv has 0.32), both on the same warm tiny policy (stack/warm_policy.py), the same reward
    (posttrain/grpo/rewards.exact_answer), group size, prompts per step, completion length, learning rate, beta 0 and
    steps; start-up (engines, model loads) is left out of both.
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
-from bench.post_train_model import warm_policy, write_prompts  # noqa: E402
+from stack.warm_policy import warm_policy, write_prompts  # noqa: E402
 from core.config import load_config  # noqa: E402
 from posttrain.grpo.config import GrpoConfig  # noqa: E402
 from serve.online import engine as eng  # noqa: E402

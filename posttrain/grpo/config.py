@@ -88,8 +88,6 @@ class GrpoConfig:
     """The run's experiment ("" = no MLflow run, nothing registered: a local try-out)."""
     register_as: str = ""
     """`<model>-candidates` to register the result into as the trainer ("" = do not register)."""
-    fail_at_step: int = -1
-    """Test-only fault injector: kill a rollout engine and a policy worker once, at this step (-1: never)."""
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, "steps", f"must be at least 1, got {self.steps}")

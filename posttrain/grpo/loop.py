@@ -15,8 +15,6 @@ and no update mixes samples of two policy steps (ledger.check_history holds the 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -117,17 +115,6 @@ class Roles:
         remove_placement_group(self.pg)
 
 
-def kill_roles_once(roles: Roles, output: Path) -> None:
-    """Test-only fault injector (`fail_at_step`): SIGKILL one rollout engine's and one policy rank's process, once
-    per output directory (a marker file), as a lost node would."""
-    marker = output / "fault_fired"
-    if marker.exists():
-        return
-    marker.write_text("1")
-    for pid in ray.get([roles.pool.actors[0].pid.remote(), roles.policy[0].pid.remote()]):
-        os.kill(pid, signal.SIGKILL)
-
-
 def score_batch(cfg: GrpoConfig, scorer: BoundedScorer, samples: list[Sample], prompts: dict[int, Prompt]) -> list[float]:
     chunk = cfg.reward.chunk * cfg.group_size
     for i in range(0, len(samples), chunk):
@@ -144,11 +131,12 @@ def evaluate(pool: RolloutPool, prompts: list[Prompt], max_tokens: int) -> float
 
 
 def run(cfg: GrpoConfig, model_dir: str, prompts: list[Prompt], output: Path,
-        on_step: Callable[[StepMetrics], None] = lambda m: None, eval_prompts: list[Prompt] | None = None
-        ) -> LoopResult:
+        on_step: Callable[[StepMetrics], None] = lambda m: None, eval_prompts: list[Prompt] | None = None,
+        before_update: Callable[[int, Roles, Path], None] | None = None) -> LoopResult:
     """Run (or resume, from the newest checkpoint under `output`) GRPO for `cfg.steps` updates; returns the history,
     exact match on `eval_prompts` before the first update of this call and after the last, and the final weights
-    (HF names -> numpy) for export."""
+    (HF names -> numpy) for export. `before_update(update, roles, output)`, when given, runs before each update's
+    samples are collected (the tests' fault injector, tests/posttrain/grpo_faults.py)."""
     output.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(output / "ledger.jsonl")
     scorer = BoundedScorer(cfg.reward.name, cfg.reward.max_in_flight, cfg.reward.delay_s)
@@ -172,8 +160,8 @@ def run(cfg: GrpoConfig, model_dir: str, prompts: list[Prompt], output: Path,
                     ahead.append((batch, roles.pool.generate([(p.index, p.ids) for p in batch], G, cfg.max_tokens,
                                                              cfg.temperature, cfg.seed + position)))
                 batch, refs = ahead[0]
-                if step + 1 == cfg.fail_at_step:
-                    kill_roles_once(roles, output)
+                if before_update is not None:
+                    before_update(step + 1, roles, output)
                 outs = ray.get(refs)
                 samples = [s for part, _ in outs for s in part]
                 samples.sort(key=lambda s: (s.prompt_index, s.sample_index))

@@ -41,7 +41,7 @@ def export(weights: dict, base_dir: str, out: Path, info: dict) -> Path:
     return write_hf_checkpoint(state, base_dir, out, torch.float32, info)
 
 
-def main(cfg: GrpoConfig) -> GrpoResult:
+def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
     from transformers import AutoTokenizer
 
     from core import registry
@@ -76,7 +76,7 @@ def main(cfg: GrpoConfig) -> GrpoResult:
                 log(m)
         if run_id:
             tracking.log_params(run_id, cfg)
-        res = loop.run(cfg, model_dir, prompts, output, on_step, eval_prompts)
+        res = loop.run(cfg, model_dir, prompts, output, on_step, eval_prompts, before_update)
         export_dir = export(res.final_weights, model_dir, output / "export",
                             {"stage": "grpo", "parent": parent, "steps": res.steps, "dataset_version": dataset_version})
         result = GrpoResult(run_name, res.steps, res.prompts_consumed, res.restarts,

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from bench.post_train_model import warm_policy, write_prompts
+from stack.warm_policy import warm_policy, write_prompts
+from tests.posttrain.grpo_faults import kill_roles_before
 from core import registry
 from core.config import load_config
 from posttrain.grpo.config import GrpoConfig
@@ -74,8 +75,8 @@ def test_grpo_raises_reward_and_exact_match_resumes_after_losing_roles_and_regis
     cfg = load_config(GrpoConfig, CONFIG, [
         f"model={policy_dir}", f"prompts.uri={prompts}", "prompts.dataset_version=sum-test-v1", f"eval_uri={evals}",
         f"output_uri={tmp_path / 'out'}", "run_name=grpo-test", f"register_as={name}",
-        "steps=8", "checkpoint_every=3", "fail_at_step=5"])
-    result = stage.main(cfg)
+        "steps=8", "checkpoint_every=3"])
+    result = stage.main(cfg, before_update=kill_roles_before(5))
 
     # Lost roles at update 5: resumed from the step-3 checkpoint, updates 4-5 redone, each prompt once in the history.
     assert result.restarts == 1
