@@ -7,11 +7,10 @@ and prints the reward and exact match before -> after, where the export is and t
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import asdict
 
-from core.config import ConfigError, parse_stage_args
+from core.config import parse_stage_args
+from pipelines.stage_run import model_line, run_stage
 from posttrain.grpo.config import GrpoConfig
 
 
@@ -19,20 +18,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_stage_args(GrpoConfig, __doc__.splitlines()[0], argv)
     from posttrain.grpo.stage import main as grpo  # heavy (torch, ray, vllm): only after the config parsed
 
-    try:
-        result = grpo(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    print(f"run        {result.run_name} (MLflow run {result.mlflow_run_id}); {result.steps} updates, "
-          f"{result.prompts_consumed} prompts, {result.restarts} restarts")
-    print(f"reward     {result.reward_first:.3f} -> {result.reward_last:.3f}")
-    print(f"exact      {result.exact_match_before} -> {result.exact_match_after}")
-    print(f"export     {result.export_dir}")
-    if result.model_version:
-        print(f"model      models:/{result.model_name}/{result.model_version}")
-    print("result: " + json.dumps(asdict(result)))
-    return 0
+    return run_stage("grpo", lambda: grpo(cfg), lambda r: [
+        f"run        {r.run_name} (MLflow run {r.mlflow_run_id}); {r.steps} updates, {r.prompts_consumed} prompts, "
+        f"{r.restarts} restarts",
+        f"reward     {r.reward_first:.3f} -> {r.reward_last:.3f}",
+        f"exact      {r.exact_match_before} -> {r.exact_match_after}",
+        f"export     {r.export_dir}",
+        *model_line(r)])
 
 
 if __name__ == "__main__":

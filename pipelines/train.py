@@ -8,12 +8,10 @@ ending with `result: {...}` (the TrainResult as JSON). Exit status 2 on a config
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import asdict
 
-from core.config import ConfigError, parse_stage_args
-from core.resource_wait import ResourceWaitTimeout
+from core.config import parse_stage_args
+from pipelines.stage_run import losses, model_line, run_stage
 from train.config import TrainConfig
 
 
@@ -21,24 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_stage_args(TrainConfig, __doc__.splitlines()[0], argv)
     from train.trainer import main as train  # heavy (torch, ray): only after the config parsed
 
-    try:
-        result = train(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except ResourceWaitTimeout as e:
-        print(f"train failed: {e}", file=sys.stderr)
-        return 1
-    first = f"{result.first_eval_loss:.4f}" if result.first_eval_loss is not None else "n/a"
-    last = f"{result.eval_loss:.4f}" if result.eval_loss is not None else "n/a"
-    print(f"run        {result.run_name} (MLflow run {result.mlflow_run_id})")
-    print(f"steps      {result.final_step}/{result.total_steps}; eval loss {first} -> {last}")
-    print(f"checkpoint {result.checkpoint_uri}")
-    print(f"export     {result.export_uri}")
-    if result.model_version:
-        print(f"model      models:/{result.model_name}/{result.model_version}")
-    print("result: " + json.dumps(asdict(result)))  # one line for scripts (the demo, tests)
-    return 0
+    return run_stage("train", lambda: train(cfg), lambda r: [
+        f"run        {r.run_name} (MLflow run {r.mlflow_run_id})",
+        f"steps      {r.final_step}/{r.total_steps}; eval loss {losses(r.first_eval_loss, r.eval_loss)}",
+        f"checkpoint {r.checkpoint_uri}",
+        f"export     {r.export_uri}",
+        *model_line(r)])
 
 
 if __name__ == "__main__":
