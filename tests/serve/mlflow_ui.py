@@ -52,7 +52,13 @@ def add_alias_in_ui(tracking_url: str, model: str, version: str, alias: str, scr
             dialog.get_by_text(f"alias for model version {version}").wait_for()
             dialog.locator("input").fill(alias)
             page.keyboard.press("Enter")
-            dialog.get_by_role("button", name="Save aliases").click()
+            # MLflow's answer to the save decides: a refusal (403 for a login without the permission) fails at once
+            # instead of waiting out the dialog, which stays open.
+            with page.expect_response(lambda r: "/registered-models/alias" in r.url
+                                      and r.request.method in ("POST", "PATCH")) as saved:
+                dialog.get_by_role("button", name="Save aliases").click()
+            if not saved.value.ok:
+                raise RuntimeError(f"MLflow answered the save with HTTP {saved.value.status}")
             dialog.wait_for(state="hidden")
             page.get_by_text(f"@ {alias}").or_(page.get_by_text(alias, exact=True)).first.wait_for()
         except Exception as e:

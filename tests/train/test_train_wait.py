@@ -13,7 +13,7 @@ from tests.serve.held_cpus import APP, serve_app_holding_cpus
 
 def test_a_train_run_whose_cpus_a_serve_app_holds_says_why_and_fails_at_max_wait_s(make_train_config, start_stage,
                                                                                     ray_session):
-    cfg = make_train_config("scaling.max_wait_s=20")
+    cfg = make_train_config("scaling.max_wait_s=12")
     with serve_app_holding_cpus(left=0.5) as held:
         started = time.monotonic()
         run = start_stage("train", cfg).finish(timeout=300)
@@ -34,5 +34,5 @@ def test_a_train_run_whose_cpus_a_serve_app_holds_says_why_and_fails_at_max_wait
     held_all = sum(float(x) for x in re.findall(r"\{CPU: ([\d.]+)\}", holders))
     assert free <= 0.5 + 1e-6 and free == pytest.approx(2 - held_all, abs=1e-6), report
     assert "autoscaler: none reported to Ray" in report, report
-    assert "train failed: train: waiting " in run.stderr and "fails at max_wait_s=20" in run.stderr, run
+    assert "train failed: train: waiting " in run.stderr and "fails at max_wait_s=12" in run.stderr, run
     assert took < 150, run
