@@ -5,6 +5,7 @@ The stage end to end on Ray is in test_prepare_iceberg.py."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pyarrow as pa
 import pytest
@@ -90,6 +91,16 @@ def test_the_snapshot_is_pinned_once_and_identifies_the_rows(table):
     entry = current.manifest_entry()
     assert entry["catalog"] == {"name": "tests", "type": "sql", "uri": catalog["uri"], "warehouse": catalog["warehouse"]}
     assert entry["table_uuid"] and entry["location"].endswith("/chats/qa") and entry["key_column"] == "id"
+
+
+def test_a_catalog_moved_elsewhere_keeps_the_tables_identity(table, tmp_path):
+    catalog, _ = table
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(tmp_path / "catalog.db", moved / "catalog.db")
+    there = resolve_table(spec({**catalog, "uri": f"sqlite:///{moved}/catalog.db"}))
+    here = resolve_table(spec(catalog))
+    assert there.catalog != here.catalog and there.identity() == here.identity()
 
 
 @pytest.mark.parametrize("fields, message", [
