@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
+import os
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -128,6 +129,9 @@ def resolve_table(spec: IcebergTable) -> TableRead:
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.types import IntegerType, LongType
 
+    database = spec.catalog.uri[len("sqlite:///"):]
+    if not os.path.isfile(database):  # pyiceberg would make an empty catalog there and find no table in it
+        raise ValueError(f"iceberg.catalog.uri: no catalog database at {os.path.abspath(database)}")
     props = catalog_properties(spec.catalog)
     catalog = load_catalog(props.pop("name"), **props)
     try:

@@ -104,6 +104,8 @@ def test_a_catalog_moved_elsewhere_keeps_the_tables_identity(table, tmp_path):
 
 
 @pytest.mark.parametrize("fields, message", [
+    ({"catalog": {"uri": "sqlite:////no/such/catalog.db", "warehouse": "/tmp"}},
+     r"iceberg.catalog.uri: no catalog database at /no/such/catalog.db"),
     ({"table": "chats.nope"}, r"iceberg.table: chats.nope is not in the catalog .* \(its tables: chats.qa\)"),
     ({"snapshot_id": 12345}, r"iceberg.snapshot_id: chats.qa has no snapshot 12345 \(its snapshots: \d+, \d+\)"),
     ({"key_column": "uid"}, r"iceberg.key_column: chats.qa has no column 'uid' at snapshot \d+ \(its columns: id, "),
@@ -117,7 +119,7 @@ def test_a_catalog_moved_elsewhere_keeps_the_tables_identity(table, tmp_path):
 def test_a_table_that_does_not_fit_the_config_is_refused_naming_the_field(table, fields, message):
     catalog, _ = table
     with pytest.raises(ValueError, match=message):
-        resolve_table(spec(catalog, **fields))
+        resolve_table(spec(fields.pop("catalog", catalog), **fields))
 
 
 def test_rows_become_records_of_the_mapped_fields_named_by_their_key(table):
