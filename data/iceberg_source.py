@@ -133,7 +133,7 @@ def resolve_table(spec: IcebergTable) -> TableRead:
     if not os.path.isfile(database):  # pyiceberg would make an empty catalog there and find no table in it
         raise ValueError(f"iceberg.catalog.uri: no catalog database at {os.path.abspath(database)}")
     props = catalog_properties(spec.catalog)
-    catalog = load_catalog(props.pop("name"), **props)
+    catalog = load_catalog(spec.catalog.name, **{k: v for k, v in props.items() if k != "name"})
     try:
         table = catalog.load_table(spec.table)
     except NoSuchTableError:
@@ -167,7 +167,7 @@ def resolve_table(spec: IcebergTable) -> TableRead:
     except ValueError as e:  # the filter names a column the table lacks, or compares it with the wrong type
         raise ValueError(f"iceberg.row_filter: {spec.row_filter!r}: {e}") from None
     return TableRead(spec.table, snapshot.snapshot_id, str(table.metadata.table_uuid), table.location(),
-                     catalog_properties(spec.catalog), dict(spec.columns), spec.key_column, spec.row_filter,
+                     props, dict(spec.columns), spec.key_column, spec.row_filter,
                      len(files), sum(f.file_size_in_bytes for f in files))
 
 
