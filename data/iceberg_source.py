@@ -166,9 +166,9 @@ def resolve_table(spec: IcebergTable) -> TableRead:
         files = [task.file for task in scan.plan_files()]
     except ValueError as e:  # the filter names a column the table lacks, or compares it with the wrong type
         raise ValueError(f"iceberg.row_filter: {spec.row_filter!r}: {e}") from None
-    return TableRead(spec.table, snapshot.snapshot_id, str(table.metadata.table_uuid), table.location(),
-                     props, dict(spec.columns), spec.key_column, spec.row_filter,
-                     len(files), sum(f.file_size_in_bytes for f in files))
+    return TableRead(spec.table, snapshot.snapshot_id, str(table.metadata.table_uuid), table.location(), props,
+                     dict(spec.columns), spec.key_column, spec.row_filter, len(files),
+                     sum(f.file_size_in_bytes for f in files))
 
 
 def _tables(catalog) -> list[str]:
