@@ -13,6 +13,10 @@ from core.config import config_hash, require, to_dict
 
 # Fields that say where or how to run, not what the data is: they stay out of the dataset version.
 NOT_IN_VERSION = ("output_uri", "overwrite", "mlflow_experiment", "tokenizer", "tokenize_batch_size")
+# An Iceberg table counts as a source, not as config: what it holds (table uuid, the resolved snapshot, filter,
+# mapping) is hashed with the input files (data/iceberg_source.py), so `snapshot_id: 0` and the same snapshot named
+# outright are one version, and a catalog moved elsewhere keeps it.
+IN_SOURCES = ("iceberg",)
 
 
 @dataclass
@@ -24,6 +28,51 @@ class MixtureSource:
     """Files or directories (local paths or s3:// URIs), as `Config.inputs`."""
     weight: float
     """Its share of `mixture_records` (weights are normalised: 7/2/1 and 0.7/0.2/0.1 are the same mixture)."""
+
+
+@dataclass
+class IcebergCatalog:
+    """A pyiceberg SQL catalog on SQLite. No credentials here: a warehouse on s3:// is read with the AWS_* variables
+    of each process (core/storage.py), as every other s3:// input is."""
+
+    uri: str
+    """The catalog database, `sqlite:///relative/path.db` or `sqlite:////absolute/path.db`."""
+    warehouse: str
+    """Where the catalog's tables keep their files: a local path, file:// or s3:// URI."""
+    name: str = "default"
+    type: Literal["sql"] = "sql"
+
+
+@dataclass
+class IcebergTable:
+    """An Apache Iceberg table read as training records (data/iceberg_source.py), at one snapshot."""
+
+    table: str
+    """The table identifier, `namespace.table`."""
+    catalog: IcebergCatalog
+    key_column: str
+    """An integer column that names a row: a reject's `line` is its value (the table has no line numbers)."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Table column -> record field the format expects (`{question: prompt, answer: response}`); other columns
+    keep their names."""
+    snapshot_id: int = 0
+    """The snapshot to read; 0 = the table's current one, resolved once at the start and recorded in the manifest."""
+    row_filter: str = ""
+    """pyiceberg's filter syntax (`lang = 'en' and id > 10`); only rows it matches are read. Empty = every row."""
+
+    def __post_init__(self):
+        require(self.table.count(".") >= 1 and all(p.strip() for p in self.table.split(".")), "iceberg.table",
+                f"{self.table!r}: give namespace.table")
+        require(self.catalog.uri.startswith("sqlite:///"), "iceberg.catalog.uri",
+                f"{self.catalog.uri!r}: give a sqlite:/// URI (a catalog database with a password would put a "
+                "secret in the config)")
+        require(bool(self.catalog.warehouse.strip()), "iceberg.catalog.warehouse", "empty path")
+        require(bool(self.key_column.strip()), "iceberg.key_column", "name an integer column that identifies a row")
+        require(self.snapshot_id >= 0, "iceberg.snapshot_id", f"{self.snapshot_id} must be >= 0 (0 = current)")
+        fields = list(self.columns.values())
+        for i, (column, name) in enumerate(self.columns.items()):
+            require(bool(name.strip()) and name not in fields[:i], f"iceberg.columns.{column}",
+                    f"{name!r}: each column needs a field name of its own")
 
 
 @dataclass
@@ -102,6 +151,8 @@ class Config:
     """Words per shingle."""
     near_dedup_num_perm: int = 128
     """MinHash permutations (signature length): more is a sharper threshold and more work per record."""
+    iceberg: IcebergTable | None = None
+    """An Iceberg table read as training records, beside or instead of `inputs` (docs/DATA.md, "Iceberg tables")."""
 
     def __post_init__(self):
         if self.mixture:
@@ -114,8 +165,10 @@ class Config:
                 require(m.weight > 0, f"mixture[{i}].weight", f"{m.weight} must be > 0")
                 for j, uri in enumerate(m.inputs):
                     require(bool(str(uri).strip()), f"mixture[{i}].inputs[{j}]", "empty path")
+            require(self.iceberg is None, "iceberg", "a mixture's sources are files; read the table without a mixture")
         else:
-            require(len(self.inputs) > 0, "inputs", "give at least one file or directory (or a mixture)")
+            require(len(self.inputs) > 0 or self.iceberg is not None, "inputs",
+                    "give at least one file or directory (or a mixture, or an iceberg table)")
         require(self.mixture_records >= 0, "mixture_records", f"{self.mixture_records} must be >= 0")
         require(0.0 < self.near_dedup_threshold < 1.0, "near_dedup_threshold",
                 f"{self.near_dedup_threshold} must be in (0, 1)")
@@ -147,7 +200,7 @@ def version_config(cfg: Config) -> dict:
     """The part of the config that decides the output's content (what the version hashes)."""
     defaults = to_dict(Config(inputs=["-"], output_uri="-", tokenizer="-"))
     return {k: v for k, v in to_dict(cfg).items()
-            if k not in NOT_IN_VERSION and not (k in LATER_FIELDS and v == defaults[k])}
+            if k not in NOT_IN_VERSION + IN_SOURCES and not (k in LATER_FIELDS and v == defaults[k])}
 
 
 def shard_count(cfg: Config, input_bytes: int) -> int:

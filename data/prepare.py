@@ -3,7 +3,8 @@
     python -m pipelines.prepare_data --config configs/data/sample.yaml [key=value ...]
 
 On Ray, streaming: read raw lines (Ray Data; compressed files as streams; a mixture's lines repeated as often as
-they are taken, `data.mixture`) -> validate, clean, render with the chat template and hash (fused with the reads)
+they are taken, `data.mixture`; an Iceberg table's rows at a pinned snapshot, `data.iceberg_source`) -> validate,
+clean, render with the chat template and hash (fused with the reads)
 -> shuffle by content hash through storage, one file per read task and shard (`data.shuffle`) -> [near_dedup: one
 task per LSH band partition names the near copies, `data.near_phase`] -> per shard, one task: exact (and near)
 dedup, seeded order, tokenize, pack, train/eval files and rejects -> a small stats dict per shard back to the
@@ -24,6 +25,7 @@ from data import tracking
 from data.config import Config, content_config_hash, shard_count
 from data.datasource import LinesDatasource
 from data.examples import EVAL, TRAIN, ExamplePlan, to_examples
+from data.iceberg_source import TableRead, read_table, resolve_table, shuffle_rows
 from data.mixture import plan_mixture
 from data.prepared import load_manifest
 from data.records import RecordRules
@@ -127,7 +129,7 @@ def _by_partition(written: list[dict]) -> dict[str, dict[int, list[str]]]:
 
 
 def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePlan,
-                 shard_plan: ShardPlan) -> list[dict]:
+                 shard_plan: ShardPlan, table: TableRead | None = None) -> list[dict]:
     """Run the stage on Ray; returns the stats of every shard (see `data.shards.build_shard`).
 
     Two phases of Ray tasks. Reads (Ray Data, about one task per `part_bytes` of input): each task validates,
@@ -136,21 +138,27 @@ def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePl
     every copy of an example meets in one shard). Then one task per shard reads its files, dedups, tokenizes,
     packs and writes that shard. Tasks hold a CPU only while they run, so nothing can sit on every CPU and
     starve the reads (the deadlock an actor pool risks on a 2-CPU machine), and no phase holds more than a
-    block per read task or a shard per shard task in memory, however large the input.
+    block per read task or a shard per shard task in memory, however large the input. An Iceberg `table` is read
+    by Ray Data's own reader, its blocks going through the same per-block work.
     """
     # About one read task per `part_bytes` of input (small files grouped, big ones already cut): Ray Data
     # would otherwise cut the reads into 200.
     read_tasks = min(len(parts), max(1, -(-sum(p.size for p in parts) // part_bytes)))
     near = example_plan.near
-    lines = LinesDatasource(parts, transform=functools.partial(to_examples, plan=example_plan),
-                            sink=functools.partial(write_partitions, version_uri=shard_plan.version_uri,
-                                                   band_partitions=near.partitions if near else 0),
-                            schema=FILES_SCHEMA)
+    transform = functools.partial(to_examples, plan=example_plan)
+    sink = functools.partial(write_partitions, version_uri=shard_plan.version_uri,
+                             band_partitions=near.partitions if near else 0)
     build = ray.remote(build_shard_files).options(num_cpus=shard_plan.tokenizer_threads)
     try:
+        reads = []
         with _no_reservation():
-            reads = ray.data.read_datasource(lines, override_num_blocks=read_tasks)
-        files = _by_partition(reads.take_all())
+            if parts:
+                lines = LinesDatasource(parts, transform=transform, sink=sink, schema=FILES_SCHEMA)
+                reads.append(ray.data.read_datasource(lines, override_num_blocks=read_tasks))
+            if table:
+                reads.append(read_table(table, functools.partial(shuffle_rows, read=table, transform=transform,
+                                                                 sink=sink)))
+        files = _by_partition([row for ds in reads for row in ds.take_all()])
         near_files: dict[int, list[str]] = {}
         if near:  # one task per band partition, between the reads and the shard tasks (data/near_phase.py)
             find = ray.remote(find_near_copies).options(num_cpus=1)
@@ -185,6 +193,7 @@ def main(cfg: Config) -> Result:
     files += [f for source in mixture_files for f in source]
     files += discover(cfg.eval_inputs, cfg.file_format, EVAL, "eval_inputs")
     check_distinct(files)
+    table = resolve_table(cfg.iceberg) if cfg.iceberg else None  # its snapshot pinned now, once
     if cfg.format != "text" and any(f.kind == "text" for f in files):
         bad = next(f.uri for f in files if f.kind == "text")
         raise ValueError(f"inputs: {bad} is plain text, but format is {cfg.format}; plain text files need format: text")
@@ -199,6 +208,8 @@ def main(cfg: Config) -> Result:
     cpus = cluster_cpus()
     part_bytes = _part_bytes(files, cpus)
     source_hashes, parts = scan_sources(files, part_bytes)
+    if table:
+        source_hashes[table.source] = table.identity()
     version = mf.dataset_version(source_hashes, identity, content_config_hash(cfg))
     version_uri = storage.join(cfg.output_uri, version)
     manifest_uri = storage.join(version_uri, "manifest.json")
@@ -213,7 +224,8 @@ def main(cfg: Config) -> Result:
     mixture, mixture_rows = plan_mixture(cfg, mixture_files) if cfg.mixture else (None, [])
     # Shards by the bytes the run takes: a mixture source's repeats (or its left-out records) counted.
     taken = {f.uri: r["taken"] / r["records"] for source, r in zip(mixture_files, mixture_rows) for f in source}
-    num_shards = shard_count(cfg, int(sum(f.size * taken.get(f.uri, 1.0) for f in files)))
+    input_bytes = int(sum(f.size * taken.get(f.uri, 1.0) for f in files)) + (table.bytes if table else 0)
+    num_shards = shard_count(cfg, input_bytes)
     # Band partitions as many as shards: a band task holds `bands` small rows per example of its share.
     near = NearDupPlan.from_config(cfg, num_shards) if cfg.near_dedup else None
     example_plan = ExamplePlan(RecordRules.from_config(cfg), ChatRenderer.build(_template_spec(cfg, tok)), cfg.seed,
@@ -224,11 +236,14 @@ def main(cfg: Config) -> Result:
                            threads)
     with tracking.data_run(cfg, version, manifest_uri) as run_id:
         with ResourceWatch("prepare_data", max_wait_s=cfg.max_wait_s):
-            totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan))
-        manifest = mf.build_manifest(cfg, version, version_uri, [f.uri for f in files], source_hashes, identity,
-                                     totals, run_id, num_shards)
+            totals = mf.add_up(run_pipeline(parts, part_bytes, example_plan, shard_plan, table))
+        sources = [f.uri for f in files] + ([table.source] if table else [])
+        manifest = mf.build_manifest(cfg, version, version_uri, sources, source_hashes, identity, totals, run_id,
+                                     num_shards)
         if mixture_rows:
             manifest["mixture"] = mixture_rows
+        if table:
+            manifest["iceberg"] = table.manifest_entry()
         if near:
             manifest["near_dedup"] = {"threshold": cfg.near_dedup_threshold, "ngram": near.ngram,
                                       "num_perm": near.num_perm, "bands": near.bands, "rows": near.rows}

@@ -87,12 +87,13 @@ def partition_uri(version_uri: str, kind: str, part: int, name: str) -> str:
     return storage.join(shuffle_uri(version_uri), f"{kind}-{part:05d}", f"{name}.arrow")
 
 
-def write_partitions(blocks: Iterable[pa.Table], version_uri: str, band_partitions: int = 0) -> pa.Table:
+def write_partitions(blocks: Iterable[pa.Table], version_uri: str, band_partitions: int = 0,
+                     name: str | None = None) -> pa.Table:
     """Append each block's rows to its shard's file (one per shard for the task) and, with `band_partitions`, its
-    band rows to their band partitions' files; returns a FILES_SCHEMA row per file written."""
+    band rows to their band partitions' files; returns a FILES_SCHEMA row per file written. The files are named
+    `name`, by default after the task's first record (see the module docstring)."""
     keep_freed_memory()
     writers = _Writers(version_uri)
-    name = None
     try:
         for block in blocks:
             if not block.num_rows:
