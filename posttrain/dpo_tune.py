@@ -16,6 +16,9 @@ each trial a DPO run over one preference version scored once.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from core import storage
 from posttrain.dpo_config import DpoConfig
 from posttrain.dpo_loss import DpoObjective
 from posttrain.dpo_stage import STAGE, TAG_DPO_BETA, ScoredVersion, plan_dpo_run, prepare_scored_version
@@ -71,4 +74,8 @@ def main(cfg: PostTrainTuneConfig) -> TuneResult:
     connect_ray()
     max_concurrent_trials(cfg, ray.cluster_resources())  # a search that cannot fit is refused before the scoring pass
     base = cfg.base_config()
-    return run_search(cfg, DpoTrials(base, prepare_scored_version(base)))
+    scored = prepare_scored_version(base)
+    if not storage.is_remote(scored.scored_manifest_uri):
+        # Tune runs each trial in a working directory of its own: a relative path would not reach the version there.
+        scored = replace(scored, scored_manifest_uri=storage.resolve(scored.scored_manifest_uri)[1])
+    return run_search(cfg, DpoTrials(base, scored))

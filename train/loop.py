@@ -116,6 +116,7 @@ def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.dev
 
 
 def _record_eval(state: TrainerState, metrics: dict[str, float]) -> dict[str, float]:
+    """Keep an evaluation's results in the state (what checkpoints report); returns them."""
     state.eval_loss = metrics["eval_loss"]
     state.eval_metrics = {k: v for k, v in metrics.items() if k != "eval_loss"}
     return metrics
@@ -157,8 +158,9 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     world = dist.get_world_size() if dist.is_initialized() else 1
     per_epoch = plan.steps_per_epoch * plan.grad_accum_steps
     if state.step == 0 and state.eval_loss is None:
-        hooks.on_eval(state, _record_eval(state, evaluate(model, source.eval_batches(), device, mask_dtype, objective)))
+        evaluated = _record_eval(state, evaluate(model, source.eval_batches(), device, mask_dtype, objective))
         state.first_eval_loss = state.eval_loss
+        hooks.on_eval(state, evaluated)
     stream = _micro_batches(source, state, plan) if state.step < plan.total_steps else iter(())
     last_end = None  # when the previous step ended: state.wall_time_s runs from step end to step end
     while state.step < plan.total_steps:

@@ -6,7 +6,7 @@ unknown field, a search over a field that does not exist or a bad range fails be
 
 A search over a post-training config (a DPO YAML) is posttrain/tune_config.py's `PostTrainTuneConfig`, this class
 with `post_train_config` beside `train_config` (train/ may not import the post-training stages); the validation here
-is written against `base_config()` and the class attributes a subclass sets, so it holds for both.
+is written against `base_config()` and the methods the subclass overrides, so it holds for both.
 """
 
 from __future__ import annotations
