@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
 
     return run_stage("dpo", lambda: dpo(cfg), lambda r: [
         f"run        {r.run_name} (MLflow run {r.mlflow_run_id})",
-        f"steps      {r.final_step}/{r.total_steps}; eval DPO loss {losses(r.first_eval_loss, r.eval_loss)}",
+        f"steps      {r.final_step}/{r.total_steps}; eval DPO loss {losses(r.first_eval_loss, r.eval_loss)}; "
+        f"eval preference accuracy {'n/a' if r.eval_preference_accuracy is None else f'{r.eval_preference_accuracy:.3f}'}",
         f"reference  {r.reference_model}; preferences {r.preference_version}",
         f"export     {r.export_uri}",
         *model_line(r)])

@@ -1,9 +1,11 @@
 """Entry point of the tune stage: `python -m pipelines.tune --config configs/tune/<name>.yaml [key=value ...]`.
 
-Loads `train.tune_config.TuneConfig` (which loads and checks the train config it starts from), sizes
-max_concurrent_trials from the cluster (refusing a search that cannot fit, with the arithmetic), runs
-the ASHA search with `train.tune.main` and prints each trial and the registered best, ending with
-`result: {...}` (the TuneResult as JSON). Exit status 2 on a config error or a search that cannot fit.
+Loads `posttrain.tune_config.PostTrainTuneConfig` (which loads and checks the config it starts from: a train
+config, or a DPO config with `post_train_config`), sizes max_concurrent_trials from the cluster (refusing a search
+that cannot fit, with the arithmetic), runs the ASHA search with `train.tune.main` (for a DPO base
+`posttrain.dpo_tune.main`, which scores the preference version once first) and prints each trial and the
+registered best, ending with `result: {...}` (the TuneResult as JSON). Exit status 2 on a config error or a search
+that cannot fit.
 """
 
 from __future__ import annotations
@@ -12,16 +14,21 @@ import sys
 
 from core.config import parse_stage_args
 from pipelines.stage_run import run_stage
-from train.tune_config import TuneConfig
+from posttrain.tune_config import PostTrainTuneConfig
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_stage_args(TuneConfig, __doc__.splitlines()[0], argv)
-    from train.tune import main as tune  # heavy (torch, ray): only after the config parsed
+    cfg = parse_stage_args(PostTrainTuneConfig, __doc__.splitlines()[0], argv)
+    # Heavy (torch, ray): only after the config parsed.
+    if cfg.post_train_config:
+        from posttrain.dpo_tune import main as tune
+    else:
+        from train.tune import main as tune
 
     def summary(r) -> list[str]:
         lines = [f"search   {r.search_name} (MLflow parent run {r.parent_run_id})",
-                 f"capacity {r.max_concurrent_trials} trial(s) at a time: {r.capacity}"]
+                 f"capacity {r.max_concurrent_trials} trial(s) at a time: {r.capacity}",
+                 *(f"lineage  {k} = {v}" for k, v in r.lineage.items())]
         for t in r.trials:
             state = "finished" if t.finished else f"stopped at step {t.step}"
             metric = f"{t.metric:.4f}" if t.metric is not None else "n/a"

@@ -5,6 +5,12 @@ For a pair with policy log-probs pi_c, pi_r of the chosen and rejected answers a
 
     loss = -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))
 
+An evaluation also reports two measures that do not depend on beta, so runs of different betas (a search over it)
+can be ranked on them: `eval_preference_accuracy`, the share of pairs whose log-ratio margin
+(pi_c - ref_c) - (pi_r - ref_r) is above 0 (the policy prefers the chosen answer more than the reference does), and
+`eval_logratio_margin`, that margin's mean in nats. The DPO loss itself is not comparable across betas: the same
+margins give another loss at another beta.
+
 The reference's log-probs come with the batch (`ref_chosen_logp`, `ref_rejected_logp`: computed once per dataset
 version by posttrain/dpo_reference.py), so a step runs the policy alone: one forward over the pair's two rows.
 """
@@ -22,11 +28,15 @@ from train.packed_batch import IGNORE_INDEX, model_inputs
 REF_COLUMNS = ("ref_chosen_logp", "ref_rejected_logp")
 
 
-def dpo_losses(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-               ref_rejected: torch.Tensor, beta: float) -> torch.Tensor:
-    """Per-pair sigmoid DPO loss from summed sequence log-probs ([pairs] each)."""
-    margin = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
-    return -F.logsigmoid(beta * margin)
+def logratio_margins(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+                     ref_rejected: torch.Tensor) -> torch.Tensor:
+    """Per-pair margin of log-ratios (pi_c - ref_c) - (pi_r - ref_r) from summed sequence log-probs ([pairs] each)."""
+    return (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+
+
+def margin_losses(margins: torch.Tensor, beta: float) -> torch.Tensor:
+    """Per-pair sigmoid DPO loss -log sigmoid(beta * margin) from the log-ratio margins."""
+    return -F.logsigmoid(beta * margins)
 
 
 def answer_logps(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, lengths: torch.Tensor,
@@ -54,18 +64,28 @@ def pair_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: t
 
 @dataclass(frozen=True)
 class DpoObjective:
-    """train.loop.Objective: the summed DPO loss of a batch of pairs, averaged over pairs."""
+    """train.loop.Objective: the summed DPO loss of a batch of pairs, averaged over pairs; evaluations also report
+    the beta-free preference accuracy and log-ratio margin."""
 
     beta: float
+    eval_metrics = ("preference_accuracy", "logratio_margin")
 
     @property
     def batch_dtypes(self) -> dict[str, torch.dtype]:
         return {**{c: torch.int64 for c in COLUMNS}, **{c: torch.float64 for c in REF_COLUMNS}}
 
-    def loss_sum(self, model, batch, device, mask_dtype) -> torch.Tensor:
+    def _margins(self, model, batch, device, mask_dtype) -> torch.Tensor:
         chosen, rejected = pair_logps(model, batch, device, mask_dtype)
         ref_c, ref_r = (batch[c].to(device=device, dtype=torch.float32) for c in REF_COLUMNS)
-        return dpo_losses(chosen, rejected, ref_c, ref_r, self.beta).sum()
+        return logratio_margins(chosen, rejected, ref_c, ref_r)
+
+    def loss_sum(self, model, batch, device, mask_dtype) -> torch.Tensor:
+        return margin_losses(self._margins(model, batch, device, mask_dtype), self.beta).sum()
+
+    def eval_sums(self, model, batch, device, mask_dtype) -> dict[str, torch.Tensor]:
+        margins = self._margins(model, batch, device, mask_dtype)
+        return {"loss": margin_losses(margins, self.beta).sum(), "preference_accuracy": (margins > 0).sum(),
+                "logratio_margin": margins.sum()}
 
     def count(self, batch) -> int:
         return int(batch["chosen_length"].shape[0])

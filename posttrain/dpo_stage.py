@@ -11,6 +11,9 @@
 4. The export registers like a fine-tune (weights manifest, digest; the trainer role, into `mlflow.register_as`),
    tagged `rayline.stage: dpo` with the reference version and the preference version, so the batch eval, gate,
    rollout and canary take it as they take any candidate.
+
+Steps 1-2 are `prepare_scored_version`, which a search over DPO settings (posttrain/dpo_tune.py) runs once, on the
+driver, for all of its trials.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from posttrain.dpo_config import DpoConfig
 from posttrain.dpo_flywheel import pairs_from_eval_run
 from posttrain.dpo_loss import DpoObjective
 from posttrain.dpo_reference import score_reference
+from train.config import TrainConfig
+from train.preflight import RunPlan, plan_run
 from train.trainer import TrainResult, build_trainer, connect_ray, result_from_fit
 from train.tracking import TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, register_export, training_run
 
@@ -41,6 +46,8 @@ class DpoResult(TrainResult):
     scored_manifest_uri: str = ""
     reference_model: str = ""
     lineage: dict = field(default_factory=dict)
+    eval_preference_accuracy: float | None = None
+    """Share of eval pairs the policy prefers the chosen answer of more than the reference does, at the end."""
 
 
 def resolve_reference(ref: str) -> tuple[str, str, str]:
@@ -55,20 +62,35 @@ def resolve_reference(ref: str) -> tuple[str, str, str]:
     return uri, ref, digest
 
 
-def dpo_tags(cfg: DpoConfig, version: str, reference: str, digest: str, lineage: dict) -> dict[str, str]:
-    """The lineage tags the DPO run and its model version carry beside the train stage's."""
-    return {registry.TAG_STAGE: STAGE, TAG_REFERENCE_MODEL: reference, TAG_REFERENCE_DIGEST: digest,
-            TAG_PREFERENCE_VERSION: version, TAG_DPO_BETA: str(cfg.dpo.beta),
-            **{TAG_PREFERENCE_PREFIX + k: str(v) for k, v in lineage.items()}}
+@dataclass
+class ScoredVersion:
+    """What steps 1-2 leave: the preference version with the reference's log-probs, which every DPO run over the
+    same pairs and reference (each trial of a search among them) trains on."""
+
+    preference_version: str
+    scored_manifest_uri: str
+    reference_model: str
+    """How lineage names the reference: `models:/NAME/VERSION` or its path."""
+    reference_digest: str
+    lineage: dict = field(default_factory=dict)
+    """The pairs' own lineage (the flywheel's source model and batch run)."""
+
+    def lineage_tags(self) -> dict[str, str]:
+        """The tags every run trained on this version and its model version carry (the reference, the version, the
+        pairs' lineage); `dpo_tags` adds the stage and the run's beta."""
+        return {TAG_REFERENCE_MODEL: self.reference_model, TAG_REFERENCE_DIGEST: self.reference_digest,
+                TAG_PREFERENCE_VERSION: self.preference_version,
+                **{TAG_PREFERENCE_PREFIX + k: str(v) for k, v in self.lineage.items()}}
 
 
-def main(cfg: DpoConfig) -> DpoResult:
-    """Run (or resume) the DPO job `cfg.run_name`; raise ConfigError before any worker starts on bad input."""
-    import ray
+def dpo_tags(beta: float, scored: ScoredVersion) -> dict[str, str]:
+    """The lineage tags a DPO run and its model version carry beside the train stage's."""
+    return {registry.TAG_STAGE: STAGE, **scored.lineage_tags(), TAG_DPO_BETA: str(beta)}
 
-    from train.preflight import plan_run
 
-    connect_ray()
+def prepare_scored_version(cfg: DpoConfig) -> ScoredVersion:
+    """Steps 1-2 on the driver: the preference version of `cfg.preferences` (with the flywheel's pairs when
+    `dpo.from_eval_run` is set) and the reference's log-probs of it, each skipped when it already exists."""
     ref_uri, ref_name, ref_digest = resolve_reference(cfg.reference)
     prefs = replace(cfg.preferences, tokenizer=cfg.preferences.tokenizer or ref_uri)
     if cfg.dpo.from_eval_run:
@@ -84,17 +106,34 @@ def main(cfg: DpoConfig) -> DpoResult:
                              cfg.dpo.reference_gpus, ref_digest)
     print(f"reference   {ref_name}: log-probs in {scored.manifest_uri}"
           + ("  (already computed)" if scored.skipped else ""), flush=True)
+    return ScoredVersion(prepared.version, scored.manifest_uri, ref_name, scored.reference_digest,
+                         prepared.manifest.get("lineage") or {})
 
-    tcfg = cfg.train_config(scored.manifest_uri)
-    plan = plan_run(tcfg, ray.cluster_resources())
-    plan.loop.seq_len *= 2  # a row is a pair: two sequences of seq_len go through the model (tokens/s, tokens seen)
-    lineage = prepared.manifest.get("lineage") or {}
-    tags = dpo_tags(cfg, prepared.version, ref_name, scored.reference_digest, lineage)
+
+def plan_dpo_run(tcfg: TrainConfig, cluster: dict[str, float]) -> RunPlan:
+    """The train stage's plan of a DPO run (`DpoConfig.train_config`): a row is a pair, so two sequences of seq_len
+    go through the model per row (what tokens/s and tokens seen count)."""
+    plan = plan_run(tcfg, cluster)
+    plan.loop.seq_len *= 2
+    return plan
+
+
+def main(cfg: DpoConfig) -> DpoResult:
+    """Run (or resume) the DPO job `cfg.run_name`; raise ConfigError before any worker starts on bad input."""
+    import ray
+
+    connect_ray()
+    scored = prepare_scored_version(cfg)
+    tcfg = cfg.train_config(scored.scored_manifest_uri)
+    plan = plan_dpo_run(tcfg, ray.cluster_resources())
+    tags = dpo_tags(cfg.dpo.beta, scored)
     with training_run(tcfg, plan, extra_tags=tags) as run_id:
         fit_result = build_trainer(tcfg, plan, run_id, objective=DpoObjective(cfg.dpo.beta)).fit()
         result = DpoResult(**vars(result_from_fit(tcfg, plan, run_id, fit_result)),
-                           preference_version=prepared.version, scored_manifest_uri=scored.manifest_uri,
-                           reference_model=ref_name, lineage=lineage)
+                           preference_version=scored.preference_version,
+                           scored_manifest_uri=scored.scored_manifest_uri, reference_model=scored.reference_model,
+                           lineage=scored.lineage,
+                           eval_preference_accuracy=(fit_result.metrics or {}).get("eval_preference_accuracy"))
         client = registry.client()
         client.set_tag(run_id, TAG_LATEST_CHECKPOINT, result.checkpoint_uri)
         client.set_tag(run_id, TAG_EXPORT_URI, result.export_uri)

@@ -38,7 +38,7 @@ STAGES = {
     for s in (
         Stage("data", "pipelines.prepare_data", "data.config:Config"),
         Stage("train", "pipelines.train", "train.config:TrainConfig"),
-        Stage("tune", "pipelines.tune", "train.tune_config:TuneConfig"),
+        Stage("tune", "pipelines.tune", "posttrain.tune_config:PostTrainTuneConfig"),  # a train or a DPO base
         Stage("dpo", "pipelines.dpo", "posttrain.dpo_config:DpoConfig"),
         Stage("grpo", "pipelines.grpo", "posttrain.grpo.config:GrpoConfig"),
         Stage("batch_infer", "pipelines.batch_infer", "serve.batch.config:Config", role="evaluator"),

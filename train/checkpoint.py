@@ -48,6 +48,8 @@ class TrainerState:
     it, with the hooks, eval and checkpoints between steps (a resumed run starts its clock at its first step)."""
     eval_loss: float | None = None
     first_eval_loss: float | None = None
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    """The objective's other measures at the last evaluation (`eval_<name>`; DPO: eval_preference_accuracy, ...)."""
     scheduler: dict = field(default_factory=dict)
     world_size: int = 1
     export_uri: str | None = None

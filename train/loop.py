@@ -32,12 +32,19 @@ class BatchSource(Protocol):
 
 class Objective(Protocol):
     """What a step minimises: the summed loss of a micro-batch and what that sum is averaged over (loss tokens for
-    SFT, preference pairs for DPO: posttrain/dpo_loss.py), with the dtypes its batches are read in."""
+    SFT, preference pairs for DPO: posttrain/dpo_loss.py), with the dtypes its batches are read in, and what else an
+    evaluation measures beside the loss (`eval_metrics`, summed by `eval_sums` and averaged the same way)."""
 
     batch_dtypes: torch.dtype | dict[str, torch.dtype]
+    eval_metrics: tuple[str, ...]
+    """Names of the other quantities an evaluation reports, as `eval_<name>` (DPO: the preference accuracy)."""
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch, device: torch.device,
                  mask_dtype: torch.dtype) -> torch.Tensor: ...
+
+    def eval_sums(self, model: torch.nn.Module, batch: Batch, device: torch.device,
+                  mask_dtype: torch.dtype) -> dict[str, torch.Tensor | float]:
+        """`loss` (as loss_sum) and each of `eval_metrics`, summed over the batch, from one forward pass."""
 
     def count(self, batch: Batch) -> int: ...
 
@@ -46,9 +53,13 @@ class TokenCrossEntropy:
     """Next-token cross-entropy over the labelled tokens of packed rows: the SFT and pre-training objective."""
 
     batch_dtypes = torch.int64
+    eval_metrics = ()
 
     def loss_sum(self, model, batch, device, mask_dtype):
         return forward_loss_sum(model, batch, device, mask_dtype)
+
+    def eval_sums(self, model, batch, device, mask_dtype):
+        return {"loss": self.loss_sum(model, batch, device, mask_dtype)}
 
     def count(self, batch):
         return loss_tokens(batch)
@@ -89,16 +100,26 @@ def _global_sum(values: list[float], device: torch.device) -> list[float]:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device, mask_dtype: torch.dtype,
-             objective: Objective = TOKEN_CROSS_ENTROPY) -> float:
-    """Mean loss (per token, or per what `objective` counts) over every rank's eval batches."""
+             objective: Objective = TOKEN_CROSS_ENTROPY) -> dict[str, float]:
+    """`eval_loss` and `eval_<name>` of each of the objective's `eval_metrics`: means (per token, or per what
+    `objective` counts) over every rank's eval batches."""
+    names = ("loss", *objective.eval_metrics)  # the same order on every rank, even one without eval batches
+    sums, count = [0.0] * len(names), 0
     model.eval()
-    loss_sum, tokens = 0.0, 0
     for batch in batches:
-        loss_sum += float(objective.loss_sum(model, batch, device, mask_dtype))
-        tokens += objective.count(batch)
+        parts = objective.eval_sums(model, batch, device, mask_dtype)
+        sums = [total + float(parts[name]) for total, name in zip(sums, names)]
+        count += objective.count(batch)
     model.train()
-    total_loss, total_tokens = _global_sum([loss_sum, float(tokens)], device)
-    return total_loss / max(total_tokens, 1.0)
+    *totals, total_count = _global_sum([*sums, float(count)], device)
+    return {f"eval_{name}": total / max(total_count, 1.0) for name, total in zip(names, totals)}
+
+
+def _record_eval(state: TrainerState, metrics: dict[str, float]) -> dict[str, float]:
+    """Keep an evaluation's results in the state (what checkpoints report); returns them."""
+    state.eval_loss = metrics["eval_loss"]
+    state.eval_metrics = {k: v for k, v in metrics.items() if k != "eval_loss"}
+    return metrics
 
 
 def rank_values(value: float) -> list[float]:
@@ -137,8 +158,9 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     world = dist.get_world_size() if dist.is_initialized() else 1
     per_epoch = plan.steps_per_epoch * plan.grad_accum_steps
     if state.step == 0 and state.eval_loss is None:
-        state.eval_loss = state.first_eval_loss = evaluate(model, source.eval_batches(), device, mask_dtype, objective)
-        hooks.on_eval(state, {"eval_loss": state.eval_loss})
+        evaluated = _record_eval(state, evaluate(model, source.eval_batches(), device, mask_dtype, objective))
+        state.first_eval_loss = state.eval_loss
+        hooks.on_eval(state, evaluated)
     stream = _micro_batches(source, state, plan) if state.step < plan.total_steps else iter(())
     last_end = None  # when the previous step ended: state.wall_time_s runs from step end to step end
     while state.step < plan.total_steps:
@@ -189,10 +211,9 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         end_of_epoch = state.micro_batches_into_epoch == 0
         eval_due = (state.step % plan.eval_every_steps == 0) if plan.eval_every_steps else end_of_epoch
         if eval_due or done:
-            state.eval_loss = evaluate(model, source.eval_batches(), device, mask_dtype, objective)
-            hooks.on_eval(state, {"eval_loss": state.eval_loss})
+            hooks.on_eval(state, _record_eval(state, evaluate(model, source.eval_batches(), device, mask_dtype, objective)))
         ckpt_due = (state.step % plan.checkpoint_every_steps == 0) if plan.checkpoint_every_steps else eval_due
         if ckpt_due or done:
             state.scheduler = scheduler.state_dict()
-            hooks.on_checkpoint(state, {**metrics, "eval_loss": state.eval_loss})
+            hooks.on_checkpoint(state, {**metrics, "eval_loss": state.eval_loss, **state.eval_metrics})
     return state

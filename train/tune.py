@@ -7,6 +7,10 @@ calls `fit()`; rank 0's reports reach Tune through `TuneReportCallback`, so ASHA
 `eval_loss` at every checkpoint. Trials run as MLflow child runs of one parent run named after the
 search; the best finished trial's export is registered as a model version tagged with the search.
 Trial runs live in `<checkpoint.storage_path>/<search_name>/<search_name>-<trial id>/`.
+
+What a trial trains is a `TrialRecipe`: here the train stage's (the base TrainConfig with the sampled values, the
+next-token loss); a search over a post-training config passes its own to `main` (posttrain/dpo_tune.py: DPO over a
+preference version scored once on the driver, each trial with its own beta). train/ never imports posttrain/.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import os
 from dataclasses import dataclass, field
 
 from core import registry, storage
-from core.config import ConfigError, flatten, from_dict, to_dict
+from core.config import ConfigError, flatten
 from core.resource_wait import ResourceWatch
 from train.capacity import TRIAL_DRIVER_CPUS, runs_that_fit
-from train.preflight import plan_run
+from train.config import TrainConfig
+from train.preflight import RunPlan, plan_run
 from train.tracking import MAX_PARAM_LEN, log_new_params, register_export, training_run
 from train.trainer import build_trainer, connect_ray, worker_env
 from train.tune_config import TuneConfig, trial_config
@@ -54,6 +59,41 @@ class TuneResult:
     best: TrialSummary | None = None
     model_name: str | None = None
     model_version: str | None = None
+    lineage: dict = field(default_factory=dict)
+    """What every trial shared beside the dataset (a DPO search: the reference and the preference version)."""
+
+
+class TrialRecipe:
+    """What each trial of a search trains, and the tags its runs and the registered best carry. This one is the train
+    stage's: the base TrainConfig with the trial's sampled values, on the next-token loss. A post-training search
+    subclasses it (posttrain/dpo_tune.py). It travels to the trial actors pickled: it holds configs and strings."""
+
+    stage = "train"
+    """`rayline.stage` of the registered best trial's version (the search's run is `tune`, a trial's `tune-trial`)."""
+
+    def __init__(self, base: TrainConfig):
+        self.base = base
+        """The train config of the search's base, before sampling: what sizes and plans the trials."""
+
+    def train_config(self, sampled: dict, run_name: str, storage_path: str | None = None,
+                     experiment: str | None = None, resources_per_worker: dict[str, float] | None = None) -> TrainConfig:
+        """The TrainConfig of the trial that sampled `sampled` (see train.tune_config.trial_config)."""
+        return trial_config(self.base, sampled, run_name, storage_path, experiment, resources_per_worker)
+
+    def plan(self, train_cfg: TrainConfig, cluster: dict[str, float]) -> RunPlan:
+        return plan_run(train_cfg, cluster)
+
+    def objective(self, sampled: dict):
+        """The trial's train.loop.Objective; None = next-token cross-entropy."""
+        return None
+
+    def lineage_tags(self) -> dict[str, str]:
+        """Tags the search's run, every trial's run and the registered version carry beside the train stage's."""
+        return {}
+
+    def trial_tags(self, sampled: dict) -> dict[str, str]:
+        """Tags of one trial's run and, for the best, its version: what that trial trained with of its own."""
+        return {}
 
 
 def trial_resources(cfg: TuneConfig, cluster: dict[str, float]) -> dict[str, float]:
@@ -69,7 +109,7 @@ def max_concurrent_trials(cfg: TuneConfig, cluster: dict[str, float]) -> tuple[i
     fit = runs_that_fit(cluster, base.scaling.num_workers, resources, base.scaling.data_cpus, TRIAL_DRIVER_CPUS)
     if fit.runs < 1 or resources.get("CPU", 1) <= 0:
         raise ConfigError(f"scaling.resources_per_worker: not even one trial fits, so the search is refused: "
-                          f"{fit.explain(1)} ({cfg.train_config})")
+                          f"{fit.explain(1)} ({cfg.base_config_path()})")
     if cfg.max_concurrent_trials > fit.runs:
         raise ConfigError(f"max_concurrent_trials: {cfg.max_concurrent_trials} concurrent trials do not fit, "
                           f"at most {fit.runs} do: {fit.explain(cfg.max_concurrent_trials)}")
@@ -77,9 +117,9 @@ def max_concurrent_trials(cfg: TuneConfig, cluster: dict[str, float]) -> tuple[i
     return n, fit.explain(n)
 
 
-def run_trial(config: dict, tune_cfg: dict, parent_run_id: str, env: dict[str, str],
+def run_trial(config: dict, cfg: TuneConfig, recipe: TrialRecipe, parent_run_id: str, env: dict[str, str],
               resources_per_worker: dict[str, float]) -> None:
-    """Tune function trainable: one trial = one train-stage run under the search's parent MLflow run.
+    """Tune function trainable: one trial = one train-stage run (of `recipe`) under the search's parent MLflow run.
 
     `config` holds the sampled values; the rest comes through `tune.with_parameters`, which keeps the
     environment (S3 credentials) out of the trial configs Tune writes to storage.
@@ -90,16 +130,17 @@ def run_trial(config: dict, tune_cfg: dict, parent_run_id: str, env: dict[str, s
 
     # Trial actors are started by Tune, not by our driver: give them the driver's MLflow and S3 settings.
     os.environ.update(env)
-    cfg = from_dict(TuneConfig, tune_cfg, "tune config")
     trial_id = tune.get_context().get_trial_id()
-    base = cfg.base_train_config()
-    train_cfg = trial_config(base, {k: config[k] for k in cfg.space}, f"{cfg.search_name}-{trial_id}",
-                             storage.join(base.checkpoint.storage_path, cfg.search_name), cfg.experiment,
-                             resources_per_worker)
-    plan = plan_run(train_cfg, ray.cluster_resources())
-    tags = {TAG_TUNE_SEARCH: cfg.search_name, TAG_TUNE_TRIAL: trial_id, TAG_TUNE_PARENT: parent_run_id}
+    sampled = {k: config[k] for k in cfg.space}
+    train_cfg = recipe.train_config(sampled, f"{cfg.search_name}-{trial_id}",
+                                    storage.join(recipe.base.checkpoint.storage_path, cfg.search_name), cfg.experiment,
+                                    resources_per_worker)
+    plan = recipe.plan(train_cfg, ray.cluster_resources())
+    tags = {**recipe.lineage_tags(), **recipe.trial_tags(sampled),
+            TAG_TUNE_SEARCH: cfg.search_name, TAG_TUNE_TRIAL: trial_id, TAG_TUNE_PARENT: parent_run_id}
     with training_run(train_cfg, plan, parent_run_id=parent_run_id, extra_tags=tags) as run_id:
-        build_trainer(train_cfg, plan, run_id, callbacks=[TuneReportCallback()]).fit()
+        build_trainer(train_cfg, plan, run_id, callbacks=[TuneReportCallback()],
+                      objective=recipe.objective(sampled)).fit()
 
 
 def _summaries(cfg: TuneConfig, results, parent_run_id: str, total_steps: int) -> list[TrialSummary]:
@@ -129,8 +170,9 @@ def _summaries(cfg: TuneConfig, results, parent_run_id: str, total_steps: int) -
     return out
 
 
-def main(cfg: TuneConfig) -> TuneResult:
-    """Run the search; register the best finished trial. ConfigError (before any trial starts) if it cannot run."""
+def main(cfg: TuneConfig, recipe: TrialRecipe | None = None) -> TuneResult:
+    """Run the search (trials of `recipe`, default the train stage's over `cfg.base_train_config()`); register the
+    best finished trial. ConfigError (before any trial starts) if it cannot run."""
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -139,9 +181,10 @@ def main(cfg: TuneConfig) -> TuneResult:
     connect_ray()
     cluster = ray.cluster_resources()
     concurrent, arithmetic = max_concurrent_trials(cfg, cluster)
-    base = cfg.base_train_config()
+    recipe = recipe or TrialRecipe(cfg.base_train_config())
+    base = recipe.base
     resources = trial_resources(cfg, cluster)
-    plan = plan_run(trial_config(base, {}, f"{cfg.search_name}-check", resources_per_worker=resources), cluster)
+    plan = recipe.plan(recipe.train_config({}, f"{cfg.search_name}-check", resources_per_worker=resources), cluster)
     # ASHA puts its last rung at max_t; one step short of a trial's end keeps every rung before the final
     # report, so a trial that gets there always finishes (final checkpoint, export, closed MLflow run).
     max_t = min(cfg.asha.max_t or plan.total_steps, plan.total_steps - 1)
@@ -153,7 +196,7 @@ def main(cfg: TuneConfig) -> TuneResult:
     tags = registry.lineage_tags("tune", **{TAG_TUNE_SEARCH: cfg.search_name,
                                             registry.TAG_DATASET_VERSION: plan.dataset_version,
                                             registry.TAG_DATASET_MANIFEST: plan.manifest_uri,
-                                            registry.TAG_BASE_MODEL: plan.base_model_ref})
+                                            registry.TAG_BASE_MODEL: plan.base_model_ref, **recipe.lineage_tags()})
     with registry.start_run(cfg.experiment, cfg.search_name, tags=tags) as parent:
         parent_id = parent.info.run_id
         client = registry.client()
@@ -162,7 +205,7 @@ def main(cfg: TuneConfig) -> TuneResult:
         client.set_tag(parent_id, "rayline.capacity", arithmetic)
         print(f"search {cfg.search_name}: {cfg.num_samples} trials, {concurrent} at a time ({arithmetic})", flush=True)
 
-        trainable = tune.with_parameters(run_trial, tune_cfg=to_dict(cfg), parent_run_id=parent_id, env=worker_env(),
+        trainable = tune.with_parameters(run_trial, cfg=cfg, recipe=recipe, parent_run_id=parent_id, env=worker_env(),
                                          resources_per_worker=resources)
         tuner = tune.Tuner(
             tune.with_resources(trainable, {"CPU": TRIAL_DRIVER_CPUS}),
@@ -179,7 +222,7 @@ def main(cfg: TuneConfig) -> TuneResult:
         )
         with ResourceWatch("tune", max_wait_s=cfg.max_wait_s):
             grid = tuner.fit()
-        result = TuneResult(cfg.search_name, parent_id, concurrent, arithmetic)
+        result = TuneResult(cfg.search_name, parent_id, concurrent, arithmetic, lineage=recipe.lineage_tags())
         result.trials = _summaries(cfg, list(grid), parent_id, plan.total_steps)
         finished = [t for t in result.trials if t.finished and t.metric is not None]
         if not finished:
@@ -190,11 +233,14 @@ def main(cfg: TuneConfig) -> TuneResult:
         client.set_tag(parent_id, "rayline.best_trial", result.best.trial_id)
         client.set_tag(parent_id, "rayline.best_run_id", result.best.mlflow_run_id or "")
 
-        best_cfg = trial_config(base, result.best.sampled, result.best.run_name,
-                                storage.join(base.checkpoint.storage_path, cfg.search_name), cfg.experiment, resources)
-        best_plan = plan_run(best_cfg, cluster)
-        version_tags = {TAG_TUNE_SEARCH: cfg.search_name, TAG_TUNE_PARENT: parent_id,
-                        TAG_TUNE_TRIAL: result.best.trial_id, TAG_TUNE_METRIC: f"{cfg.metric}={result.best.metric:.6g}"}
+        best_cfg = recipe.train_config(result.best.sampled, result.best.run_name,
+                                       storage.join(base.checkpoint.storage_path, cfg.search_name), cfg.experiment,
+                                       resources)
+        best_plan = recipe.plan(best_cfg, cluster)
+        version_tags = {registry.TAG_STAGE: recipe.stage, **recipe.lineage_tags(),
+                        **recipe.trial_tags(result.best.sampled), TAG_TUNE_SEARCH: cfg.search_name,
+                        TAG_TUNE_PARENT: parent_id, TAG_TUNE_TRIAL: result.best.trial_id,
+                        TAG_TUNE_METRIC: f"{cfg.metric}={result.best.metric:.6g}"}
         registered = register_export(best_cfg, best_plan, result.best.mlflow_run_id, result.best.step, version_tags,
                                      model_name=cfg.register_as or base.mlflow.register_as,
                                      export_uri=result.best.export_uri)

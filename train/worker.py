@@ -140,7 +140,7 @@ def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank
     report = {"step": state.step, "epoch": state.epoch, "eval_loss": state.eval_loss,
               "first_eval_loss": state.first_eval_loss, "loss": metrics.get("loss"), "tokens_seen": state.tokens_seen,
               "train_time_s": state.train_time_s, "wall_time_s_ranks": rank_values(state.wall_time_s),
-              "export_uri": state.export_uri or "", **fingerprint,
+              "export_uri": state.export_uri or "", **state.eval_metrics, **fingerprint,
               # What this worker computes with, read back in it (bench/bench_train.py compares it with torchrun's).
               "torch_threads": torch.get_num_threads(),
               "backend": dist.get_backend() if dist.is_initialized() else "none"}

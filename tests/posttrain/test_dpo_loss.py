@@ -36,10 +36,10 @@ def _batch(tok, seq_len=48):
     return batch
 
 
-def _independent_loss(model, tok, batch, beta) -> float:
+def _independent_logps(model, batch) -> list[dict[str, float]]:
     """Each answer on its own, unpadded, with the model's default causal mask: log-softmax, pick the next token where
-    the label is set, sum; then -log(sigmoid(beta * margin)) averaged over pairs, in float64."""
-    losses = []
+    the label is set, sum, in float64; per pair {chosen, rejected}."""
+    out = []
     for i in range(len(PAIRS)):
         logp = {}
         for side in ("chosen", "rejected"):
@@ -54,6 +54,14 @@ def _independent_loss(model, tok, batch, beta) -> float:
                 if labels[t] != -100:
                     total += float(log_probs[t - 1, labels[t]])
             logp[side] = total
+        out.append(logp)
+    return out
+
+
+def _independent_loss(model, tok, batch, beta) -> float:
+    """-log(sigmoid(beta * margin)) of the independent log-probs, averaged over pairs."""
+    losses = []
+    for i, logp in enumerate(_independent_logps(model, batch)):
         margin = (logp["chosen"] - float(batch["ref_chosen_logp"][i])) - (
             logp["rejected"] - float(batch["ref_rejected_logp"][i]))
         losses.append(-math.log(1.0 / (1.0 + math.exp(-beta * margin))))
@@ -83,3 +91,26 @@ def test_a_policy_equal_to_its_reference_has_loss_log_2(tiny):
     with torch.no_grad():
         loss = float(objective.loss_sum(model, batch, torch.device("cpu"), torch.float32)) / 3
     assert loss == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_an_evaluation_reports_the_beta_free_preference_accuracy_and_margin(tiny):
+    """The reference log-probs are set so the log-ratio margins are exactly -0.5, 0.25 and -1.0 (against independently
+    computed policy log-probs): one pair of three preferred, mean margin -1.25 / 3, whatever beta; the loss is the
+    beta's own."""
+    from train.loop import evaluate
+
+    model, tok = tiny
+    batch = _batch(tok)
+    logps = _independent_logps(model, batch)
+    shifts = [0.5, -0.25, 1.0]  # ref_chosen above the policy's by this much: margin = -shift
+    batch["ref_chosen_logp"] = torch.tensor([p["chosen"] + d for p, d in zip(logps, shifts)], dtype=torch.float64)
+    batch["ref_rejected_logp"] = torch.tensor([p["rejected"] for p in logps], dtype=torch.float64)
+    results = {beta: evaluate(model, [batch], torch.device("cpu"), torch.float32, DpoObjective(beta))
+               for beta in (0.1, 2.0)}
+    for beta, metrics in results.items():
+        assert set(metrics) == {"eval_loss", "eval_preference_accuracy", "eval_logratio_margin"}
+        assert metrics["eval_preference_accuracy"] == pytest.approx(1 / 3)
+        assert metrics["eval_logratio_margin"] == pytest.approx(-1.25 / 3, abs=1e-4)
+        expected = sum(-math.log(1.0 / (1.0 + math.exp(beta * d))) for d in shifts) / 3
+        assert metrics["eval_loss"] == pytest.approx(expected, abs=1e-4)
+    assert results[0.1]["eval_loss"] != pytest.approx(results[2.0]["eval_loss"], abs=1e-2)

@@ -32,3 +32,12 @@ def test_dpo_render_with_overrides_keeps_them_on_the_entrypoint():
     doc = render.render("dpo", CONFIG, render.load_profile(None), ["dpo.beta=0.5", "lora.enabled=true"])
     assert shlex.split(doc["spec"]["entrypoint"])[-2:] == ["dpo.beta=0.5", "lora.enabled=true"]
     assert validate_manifest(doc, project_root=ROOT) == []
+
+
+def test_a_search_over_dpo_settings_renders_as_a_valid_rayjob_sized_from_the_dpo_config():
+    config = str(ROOT / "configs/tune/dpo_tiny.yaml")
+    doc = render.render("tune", config, render.load_profile(None))
+    assert doc["kind"] == "RayJob" and validate_manifest(doc, project_root=ROOT) == []
+    assert shlex.split(doc["spec"]["entrypoint"])[:5] == ["python", "-m", "pipelines.tune", "--config",
+                                                          "configs/tune/dpo_tiny.yaml"]
+    assert sum(g["replicas"] for g in doc["spec"]["rayClusterSpec"]["workerGroupSpecs"]) == 2  # the DPO config's workers
