@@ -217,6 +217,11 @@ def _resume_checkpoint(registered, run_uri: str, rank: int, world: int):
     return ray.train.Checkpoint(path=path, filesystem=fs)
 
 
+def rank_zero_print(rank: int) -> Callable[[str], None]:
+    """Print on rank 0 only: every rank takes the same decisions, and the driver's log needs them once."""
+    return (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
+
+
 def ray_notice() -> Notice | None:
     """Ray Train's preemption info for this worker group as a Notice (None: no node of the run is going). A collective:
     Ray broadcasts rank 0's view, so every rank sees the same notice at the same step."""
@@ -279,7 +284,7 @@ def train_fn_per_worker(config: dict) -> None:
     if cfg.checkpoint.save_on_notice:
         notice = NoticeSaver(ray_notice, save_times, cfg.checkpoint.notice_grace_s, cfg.checkpoint.notice_margin_s,
                              agree=lambda fits: all_ranks(fits, device), report=hooks.on_notice,
-                             on_saved=hooks.on_notice_saved)
+                             on_saved=hooks.on_notice_saved, log=rank_zero_print(rank))
     if checkpoint is not None and rank == 0:
         metrics_api.inc("rayline_train_restarts", 1, **tags)
     hooks.on_start(state)
