@@ -55,6 +55,19 @@ def test_a_checkpoint_without_its_commit_marker_is_never_resumed_from(tmp_path):
     assert latest_complete_checkpoint(str(run), 2) == "checkpoint_step000008"
 
 
+def test_rank_zero_commits_only_a_checkpoint_whose_every_file_landed(tmp_path):
+    """train/worker.py commit_checkpoint, after every rank's report (one process here: no barrier to wait at)."""
+    from train.worker import commit_checkpoint
+
+    run = tmp_path / "run"
+    write_checkpoint(run, 4, checkpoint_files(1) - {COMMITTED})
+    write_checkpoint(run, 8, checkpoint_files(1) - {COMMITTED, "__0_0.distcp"})  # a report Ray skipped
+    for step in (4, 8):
+        commit_checkpoint(str(run / f"checkpoint_step{step:06d}"), step, rank=0)
+    assert (run / "checkpoint_step000004" / COMMITTED).exists() and not (run / "checkpoint_step000008" / COMMITTED).exists()
+    assert latest_complete_checkpoint(str(run), 1) == "checkpoint_step000004"
+
+
 def test_listing_works_on_s3(s3_bucket):
     import pyarrow.fs as pafs
 
