@@ -74,8 +74,8 @@ def _container(name: str, profile: Profile, cpu: str, memory: str, gpus: int, en
     return c
 
 
-# Ray 2.60's `ray start --block` (a pod's main process: KubeRay's `bash -c "ulimit ...; ray start ..."` execs its last
-# command) turns SIGTERM into a drain of its node: reason PREEMPTION, deadline this many seconds on, which Ray Train
+# Ray 2.60's `ray start --block` (a pod's main process once bash execs the last command of KubeRay's
+# `bash -c "ulimit ...; ray start ..."`: docs/KUBERNETES.md) turns SIGTERM into a drain of its node: reason PREEMPTION, deadline this many seconds on, which Ray Train
 # hands its workers as a preemption notice (train/notice.py); at the deadline it stops the node's processes.
 DRAIN_TIMEOUT_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 # Beyond the drain, what the pod needs to stop its processes (Ray gives each a graceful stop) before Kubernetes kills it.
