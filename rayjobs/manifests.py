@@ -11,6 +11,7 @@ secretKeyRef or Secret volume (rayjobs/credentials.py), and labels its cluster's
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass, replace
 
@@ -36,6 +37,9 @@ class Shape:
     accelerator_type: str | None = None
     min_workers: int | None = None
     """Lower bound for autoscaling (RayService); None = fixed size."""
+    drain_s: float | None = None
+    """Seconds a worker pod has from its termination notice (SIGTERM: a spot reclaim, a deletion) to its end, for the
+    work on it to save itself (train: checkpoint.notice_grace_s); None = Ray's and Kubernetes' defaults."""
 
     @property
     def gpu(self) -> bool:
@@ -68,6 +72,19 @@ def _container(name: str, profile: Profile, cpu: str, memory: str, gpus: int, en
     if ports:
         c["ports"] = [{"name": n, "containerPort": p} for n, p in ports]
     return c
+
+
+# Ray 2.60's `ray start --block` (a pod's main process once bash execs the last command of KubeRay's
+# `bash -c "ulimit ...; ray start ..."`: docs/KUBERNETES.md) turns SIGTERM into a drain of its node: reason PREEMPTION, deadline this many seconds on, which Ray Train
+# hands its workers as a preemption notice (train/notice.py); at the deadline it stops the node's processes.
+DRAIN_TIMEOUT_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+# Beyond the drain, what the pod needs to stop its processes (Ray gives each a graceful stop) before Kubernetes kills it.
+STOP_MARGIN_S = 15
+
+
+def termination_grace_s(drain_s: float) -> int:
+    """The worker pods' terminationGracePeriodSeconds for a drain window of `drain_s` seconds."""
+    return math.ceil(drain_s) + STOP_MARGIN_S
 
 
 # Where each Ray node's metrics agent serves Prometheus metrics (Ray's, Serve's, vLLM's and rayline's own);
@@ -108,7 +125,7 @@ def _pod(container: dict, profile: Profile, role: Role, cluster: str, gpu: bool 
 def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = None, serve: bool = False,
                  role: Role | None = None, name: str = "rayline", webhook_port: int = 0) -> dict:
     """A RayCluster spec for the manifest `name`: a head that carries no work (num-cpus 0) and one worker group
-    sized by `shape`, every pod acting as `role` (default: serving for `serve`, else trainer). A serving
+    sized by `shape` (with its drain window on the workers: DRAIN_TIMEOUT_ENV), every pod acting as `role` (default: serving for `serve`, else trainer). A serving
     cluster's pods also carry Serve's request-path settings (SERVE_PROCESS_ENV). With a `shape.min_workers` below
     `shape.workers` the cluster autoscales (autoscaler v2) between the two, starting at the minimum.
     `webhook_port`: the driver (on the head) takes MLflow webhook deliveries there; the pods mount their secret."""
@@ -127,7 +144,8 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
         cpu, memory, group = shape.cpus_per_worker or profile.gpu.cpu, profile.gpu.memory, "gpu-workers"
     else:
         cpu, memory, group = shape.cpus_per_worker or profile.cpu_worker.cpu, profile.cpu_worker.memory, "cpu-workers"
-    worker = _container("ray-worker", profile, cpu, memory, shape.gpus_per_worker, envs, [METRICS_PORT])
+    drain = [{"name": DRAIN_TIMEOUT_ENV, "value": f"{shape.drain_s:g}"}] if shape.drain_s else []
+    worker = _container("ray-worker", profile, cpu, memory, shape.gpus_per_worker, envs + drain, [METRICS_PORT])
     metrics_params = {"metrics-export-port": str(METRICS_PORT[1])}
     min_workers = shape.workers if shape.min_workers is None else shape.min_workers
     autoscaling = min_workers < shape.workers
@@ -139,6 +157,8 @@ def cluster_spec(shape: Shape, profile: Profile, env: dict[str, str] | None = No
         "rayStartParams": dict(metrics_params),
         "template": _pod(worker, profile, role, name, shape.gpu, shape.accelerator_type, webhook=webhook),
     }
+    if shape.drain_s:
+        worker_group["template"]["spec"]["terminationGracePeriodSeconds"] = termination_grace_s(shape.drain_s)
     spec = {
         "rayVersion": RAY_VERSION,
         "authOptions": {"mode": "token"},

@@ -68,11 +68,13 @@ def workload_shape(stage: str, cfg, profile: Profile) -> Shape:
         sc = train.scaling
         # A search runs max_concurrent_trials at once (0 = derive: the search then runs one at a time on this size).
         trials = max(1, cfg.max_concurrent_trials) if stage == "tune" else 1
+        # A worker pod given notice drains this long: the ranks checkpoint meanwhile (train/notice.py).
+        drain = train.checkpoint.notice_grace_s
         if sc.use_gpu:
             per_worker = int(sc.resources_per_worker.get("GPU", 1))
             pods, per_pod = _gpu_pods(sc.num_workers * per_worker * trials, per_worker, profile)
-            return Shape(workers=pods, gpus_per_worker=per_pod)
-        return Shape(workers=sc.num_workers * trials)
+            return Shape(workers=pods, gpus_per_worker=per_pod, drain_s=drain)
+        return Shape(workers=sc.num_workers * trials, drain_s=drain)
     if stage == "batch_infer":
         return _engine_shape(cfg.engine, cfg.num_engines, profile)
     if stage == "serve":

@@ -5,8 +5,13 @@ One checkpoint directory holds
                                    the adapter's weights and their optimizer state: the base is frozen)
     trainer_state.json             step, data position, scheduler state, tokens seen (rank 0)
     rng_rank<r>.pt                 each rank's torch / numpy / python RNG states
+    committed                      written last, in storage, once every rank's upload has finished
 Every rank writes into its own local directory; Ray Train merges them into one directory in storage
 when the ranks report it. Resuming reads the merged directory back on every rank.
+
+A checkpoint counts only once `committed` is there. Each rank uploads its own files, and a file being copied to
+a local or NFS path is already visible under its final name, half written: a node that leaves mid-upload (a spot
+reclaim whose grace ran out) would otherwise leave a directory that holds every name and is not a checkpoint.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from train.lora import trained_only
 
 TRAINER_STATE = "trainer_state.json"
+COMMITTED = "committed"
+"""The marker rank 0 writes into a checkpoint's directory in storage once every rank has uploaded its files."""
 # What a checkpoint holds of the model: the trained parameters (all of them, or under LoRA only the adapter's;
 # the frozen base is read from the base model again on resume).
 TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
@@ -55,6 +62,9 @@ class TrainerState:
     export_uri: str | None = None
     exported_step: int | None = None
     """The step the export at `export_uri` was written at; a resumed finished run does not export again."""
+    save_seconds: list[float] = field(default_factory=list)
+    """How long the run's last checkpoints took (rank 0's measure, seconds, newest last): what a termination notice's
+    save is expected to take in a resumed run before it has measured one of its own (train/notice.py)."""
 
     @classmethod
     def from_json(cls, text: str) -> "TrainerState":
@@ -107,17 +117,27 @@ def checkpoint_name(step: int) -> str:
 
 
 def checkpoint_files(world_size: int) -> set[str]:
-    """The files a complete checkpoint of `world_size` ranks holds (DCP shards, RNG states, trainer state)."""
-    return {".metadata", TRAINER_STATE, *(f"__{r}_0.distcp" for r in range(world_size)),
+    """The files a complete checkpoint of `world_size` ranks holds (DCP shards, RNG states, trainer state, the
+    commit marker)."""
+    return {".metadata", TRAINER_STATE, COMMITTED, *(f"__{r}_0.distcp" for r in range(world_size)),
             *(rng_file_name(r) for r in range(world_size))}
 
 
+def mark_committed(checkpoint_uri: str, step: int) -> None:
+    """Write the commit marker into the checkpoint at `checkpoint_uri` (in storage): call it once every rank's upload
+    has returned, never before (train/worker.py `report_checkpoint`: rank 0, after a barrier)."""
+    from core import storage
+
+    storage.write_text(storage.join(checkpoint_uri, COMMITTED), json.dumps({"step": step}))
+
+
 def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
-    """The newest `checkpoint_step*` directory under `run_uri` that holds every rank's files, by name.
+    """The newest `checkpoint_step*` directory under `run_uri` that holds every rank's files and the commit marker.
 
     Ray Train registers a reported checkpoint when its controller next polls the workers, so a worker
     that dies right after `ray.train.report` can leave a complete checkpoint in storage that Ray does not
-    know of; resuming from it keeps the work instead of redoing it from an older one.
+    know of; resuming from it keeps the work instead of redoing it from an older one. A directory without the
+    marker (an upload cut off, a checkpoint being deleted) is never picked.
     """
     from core import storage
 
@@ -131,11 +151,16 @@ def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
 
 
 def newest_trainer_state(run_uri: str) -> tuple[str, TrainerState] | None:
-    """The newest `checkpoint_step*` directory under `run_uri` (local or s3://) with a trainer state, and the state."""
+    """The newest committed `checkpoint_step*` directory under `run_uri` (local or s3://) with a trainer state, and
+    the state."""
     from core import storage
 
-    names = sorted({rel.split("/", 1)[0] for rel in storage.list_files(run_uri)
-                    if rel.startswith(CHECKPOINT_PREFIX) and rel.endswith("/" + TRAINER_STATE)})
+    found: dict[str, set[str]] = {}
+    for rel in storage.list_files(run_uri):
+        top, _, name = rel.partition("/")
+        if top.startswith(CHECKPOINT_PREFIX):
+            found.setdefault(top, set()).add(name)
+    names = sorted(d for d, files in found.items() if {TRAINER_STATE, COMMITTED} <= files)
     if not names:
         return None
     uri = storage.join(run_uri, names[-1])

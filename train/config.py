@@ -172,12 +172,30 @@ class CheckpointConfig:
     """Local directory or s3://bucket/prefix; the run lives in `<storage_path>/<run_name>/`."""
     num_to_keep: int = 2
     max_failures: int = 2
-    """Worker-group restarts (from the latest checkpoint) before the job fails."""
+    """Worker-group restarts (from the latest checkpoint) before the job fails. A node's termination notice
+    (a spot reclaim, a pod deleted) is not counted here: Ray Train retries those without limit."""
+    save_on_notice: bool = True
+    """When a node the run trains on gets its termination notice (SIGTERM to its `ray start --block`: a spot reclaim,
+    a KubeRay pod deleted), take a checkpoint at the next step boundary if one fits before the node goes, then wait
+    for Ray Train to restart the run from it (train/notice.py)."""
+    notice_grace_s: float = 30.0
+    """Seconds a worker node has from its termination notice to its end. The RayJob render gives worker pods this as
+    Ray's drain window (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S) and terminationGracePeriodSeconds this + 15 s; the
+    deadline Ray then reports is what a notice's save must finish by (a notice without one gets this long)."""
+    notice_margin_s: float = 3.0
+    """Seconds a notice's save must leave before the deadline on top of its expected time."""
+    save_estimate_s: float = 10.0
+    """What a checkpoint is expected to take before the run has measured one; after that, the longest of its
+    last 3 saves."""
 
     def __post_init__(self):
         require(bool(self.storage_path.strip()), "checkpoint.storage_path", "must be a local path or s3:// URI")
         require(self.num_to_keep >= 1, "checkpoint.num_to_keep", "must be >= 1 (the latest is needed to resume)")
         require(self.max_failures >= 0, "checkpoint.max_failures", "must be >= 0")
+        require(self.notice_grace_s > 0, "checkpoint.notice_grace_s",
+                f"must be > 0 seconds (the worker pods' drain window), got {self.notice_grace_s}")
+        for name in ("notice_margin_s", "save_estimate_s"):
+            require(getattr(self, name) >= 0, f"checkpoint.{name}", f"must be >= 0 seconds, got {getattr(self, name)}")
 
 
 @dataclass

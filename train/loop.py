@@ -76,6 +76,16 @@ class LoopHooks(Protocol):
     def on_checkpoint(self, state: TrainerState, metrics: dict[str, float]) -> None: ...
 
 
+class StepNotice(Protocol):
+    """A node's termination notice, asked at every step boundary (train/notice.py NoticeSaver)."""
+
+    def save_now(self, state: TrainerState) -> bool:
+        """Collective: whether a notice asks for a checkpoint of this step (one that fits before the node goes)."""
+
+    def saved(self, state: TrainerState) -> None:
+        """After that checkpoint: returns only if training is to go on."""
+
+
 @dataclass
 class LoopPlan:
     """The numbers the loop runs by, fixed on the driver from the dataset's manifest."""
@@ -122,6 +132,15 @@ def _record_eval(state: TrainerState, metrics: dict[str, float]) -> dict[str, fl
     return metrics
 
 
+def all_ranks(flag: bool, device: torch.device) -> bool:
+    """True when `flag` is True on every rank (a collective: every rank calls it at the same point)."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
 def rank_values(value: float) -> list[float]:
     """`value` as every rank holds it, by rank (a collective: every rank calls it at the same point)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
@@ -152,9 +171,10 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler, source: BatchSource, plan: LoopPlan,
                state: TrainerState, hooks: LoopHooks, device: torch.device, mask_dtype: torch.dtype = torch.float32,
                after_step: Callable[[int], None] | None = None,
-               objective: Objective = TOKEN_CROSS_ENTROPY) -> TrainerState:
+               objective: Objective = TOKEN_CROSS_ENTROPY, notice: StepNotice | None = None) -> TrainerState:
     """Train from `state.step` to `plan.total_steps` on `objective` (default: next-token cross-entropy); returns the
-    final state (also passed to the hooks)."""
+    final state (also passed to the hooks). With `notice`, a node's termination notice makes the step boundary it is
+    seen at take a checkpoint (unless one was just taken), after the step's eval and periodic checkpoint."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     per_epoch = plan.steps_per_epoch * plan.grad_accum_steps
     if state.step == 0 and state.eval_loss is None:
@@ -216,4 +236,9 @@ def train_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         if ckpt_due or done:
             state.scheduler = scheduler.state_dict()
             hooks.on_checkpoint(state, {**metrics, "eval_loss": state.eval_loss, **state.eval_metrics})
+        if notice is not None and notice.save_now(state) and not done:
+            if not ckpt_due:
+                state.scheduler = scheduler.state_dict()
+                hooks.on_checkpoint(state, {**metrics, "eval_loss": state.eval_loss, **state.eval_metrics})
+            notice.saved(state)
     return state

@@ -3,7 +3,8 @@
 `train_fn_per_worker(config)` is the TorchTrainer's `train_loop_per_worker`. Its config holds the
 TrainConfig (as a dict), the driver's RunPlan and the MLflow run id. Data comes from the worker's
 dataset shards; checkpoints are DCP directories reported with `ray.train.report`, which Ray Train
-merges across ranks into `<run_uri>/checkpoint_step<N>/` and keeps `num_to_keep` of.
+merges across ranks into `<run_uri>/checkpoint_step<N>/` and keeps `num_to_keep` of. A node's termination
+notice (Ray Train's preemption info) makes the ranks checkpoint at once when the save fits (train/notice.py).
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ from core import metrics as metrics_api
 from core import storage
 from core.config import from_dict
 from train.checkpoint import (
+    COMMITTED,
     TrainerState,
+    checkpoint_files,
     checkpoint_name,
     latest_complete_checkpoint,
     load_checkpoint,
+    mark_committed,
     save_checkpoint,
 )
 from train.config import TrainConfig
 from train.export import export_model
 from train.fsdp import build_sharded_model
-from train.loop import TOKEN_CROSS_ENTROPY, Batch, rank_values, train_loop
+from train.loop import TOKEN_CROSS_ENTROPY, Batch, all_ranks, rank_values, train_loop
 from train.mfu import mfu, peak_flops, train_flops_per_token
+from train.notice import Decision, Notice, NoticeSaver, SaveTimes
 from train.optimizer import adam_state_summary, build_optimizer
 from train.preflight import RunPlan
 from train.step_hook import load_step_hook
@@ -67,9 +72,11 @@ class RayHooks:
 
     def __init__(self, model, optimizer, logger: MetricLogger, rank: int, total_steps: int,
                  export: Callable[[TrainerState], str], tags: dict[str, str] | None = None,
-                 flops_per_token: int = 0, peak_flops: float | None = None, world: int = 1):
+                 flops_per_token: int = 0, peak_flops: float | None = None, world: int = 1,
+                 run_uri: str = "", save_times: SaveTimes | None = None):
         self.model, self.optimizer, self.logger, self.rank = model, optimizer, logger, rank
-        self.total_steps, self.export = total_steps, export
+        self.total_steps, self.export, self.run_uri = total_steps, export, run_uri
+        self.save_times = save_times or SaveTimes()
         self.tags = tags or {"run": "", "model": ""}
         self.flops_per_token, self.peak, self.world = flops_per_token, peak_flops, world
         self.root = Path(tempfile.mkdtemp(prefix=f"rayline-ckpt-r{rank}-"))
@@ -108,9 +115,23 @@ class RayHooks:
             if self.rank == 0:
                 self.logger.log(state.step, {"exported": 1.0})
         t0 = time.perf_counter()
-        report_checkpoint(self.model, self.optimizer, state, metrics, self.rank, self.root, self.logger)
+        state.save_seconds = self.save_times.recent  # rank 0's go into the checkpoint, for a resumed run's estimate
+        report_checkpoint(self.model, self.optimizer, state, metrics, self.rank, self.root, self.logger, self.run_uri)
+        seconds = time.perf_counter() - t0
+        self.save_times.add(seconds)
         if self.rank == 0:
-            metrics_api.gauge("rayline_train_checkpoint_save_seconds", time.perf_counter() - t0, **self.tags)
+            metrics_api.gauge("rayline_train_checkpoint_save_seconds", seconds, **self.tags)
+
+    def on_notice(self, step: int, notice: Notice, decision: Decision, saved: bool) -> None:
+        """A termination notice, as an event in the run: the time it left, what a save needed, whether one was
+        taken (rank 0 logs it; the save's own duration follows as notice/save_s)."""
+        self.logger.log(step, {"notice/seconds_left": decision.left_s, "notice/save_needed_s": decision.needed_s,
+                               "notice/saved": 1.0 if saved else 0.0})
+        self.logger.flush()
+
+    def on_notice_saved(self, state: TrainerState) -> None:
+        self.logger.log(state.step, {"notice/save_s": self.save_times.recent[-1]})
+        self.logger.flush()
 
 
 def progress_line(step: int, total: int, metrics: dict[str, float], started: float, first_step: int | None) -> str:
@@ -126,8 +147,9 @@ def progress_line(step: int, total: int, metrics: dict[str, float], started: flo
 
 
 def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank: int, root: Path,
-                      logger: MetricLogger) -> None:
-    """Save this rank's part of a DCP checkpoint and report it (a barrier across ranks)."""
+                      logger: MetricLogger, run_uri: str = "") -> None:
+    """Save this rank's part of a DCP checkpoint, report it, and (rank 0, once every rank's upload has returned)
+    commit it in storage under `run_uri` (train/checkpoint.py COMMITTED)."""
     import ray.train
 
     name = checkpoint_name(state.step)
@@ -147,6 +169,24 @@ def report_checkpoint(model, optimizer, state: TrainerState, metrics: dict, rank
     ray.train.report({k: v for k, v in report.items() if v is not None},
                      checkpoint=ray.train.Checkpoint.from_directory(str(local)), checkpoint_dir_name=name,
                      delete_local_checkpoint_after_upload=True)
+    if run_uri:
+        commit_checkpoint(storage.join(run_uri, name), state.step, rank)
+
+
+def commit_checkpoint(uri: str, step: int, rank: int) -> None:
+    """Collective, after every rank's `ray.train.report` of the checkpoint at `uri`: rank 0 writes its commit marker
+    once every rank's files are in storage. Each rank's report returns after its own upload; a report Ray skipped
+    (a rank lost meanwhile) leaves files missing, and no marker."""
+    if dist.is_initialized():
+        dist.barrier()
+    if rank != 0:
+        return
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    missing = checkpoint_files(world) - {COMMITTED} - set(storage.list_files(uri))
+    if missing:
+        print(f"warning: {uri} is missing {sorted(missing)} after every rank reported it; not committed", flush=True)
+        return
+    mark_committed(uri, step)
 
 
 def _model_dir(plan: RunPlan, local_rank: int) -> str:
@@ -175,6 +215,23 @@ def _resume_checkpoint(registered, run_uri: str, rank: int, world: int):
         return registered
     fs, path = storage.resolve(storage.join(run_uri, newest))
     return ray.train.Checkpoint(path=path, filesystem=fs)
+
+
+def rank_zero_print(rank: int) -> Callable[[str], None]:
+    """Print on rank 0 only: every rank takes the same decisions, and the driver's log needs them once."""
+    return (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
+
+
+def ray_notice() -> Notice | None:
+    """Ray Train's preemption info for this worker group as a Notice (None: no node of the run is going). A collective:
+    Ray broadcasts rank 0's view, so every rank sees the same notice at the same step."""
+    import ray.train
+
+    info = ray.train.get_preemption_info()
+    if info is None:
+        return None
+    return Notice(deadline_s=info.deadline_ms / 1000 if info.deadline_ms else None,
+                  nodes=tuple(info.preempted_node_ids), ranks=tuple(info.preempted_ranks))
 
 
 def train_fn_per_worker(config: dict) -> None:
@@ -219,8 +276,15 @@ def train_fn_per_worker(config: dict) -> None:
         return export_model(model, model_dir, plan.export_uri, export_dtype, info, rank)
 
     tags = {"run": config.get("mlflow_run_id") or cfg.run_name, "model": cfg.mlflow.register_as or cfg.run_name}
+    save_times = SaveTimes(state.save_seconds, cfg.checkpoint.save_estimate_s)
     hooks = RayHooks(model, optimizer, logger, rank, plan.total_steps, export, tags, train_flops_per_token(model),
-                     peak_flops(device, torch.bfloat16 if cfg.bf16 else torch.float32) if rank == 0 else None, world)
+                     peak_flops(device, torch.bfloat16 if cfg.bf16 else torch.float32) if rank == 0 else None, world,
+                     plan.run_uri, save_times)
+    notice = None
+    if cfg.checkpoint.save_on_notice:
+        notice = NoticeSaver(ray_notice, save_times, cfg.checkpoint.notice_grace_s, cfg.checkpoint.notice_margin_s,
+                             agree=lambda fits: all_ranks(fits, device), report=hooks.on_notice,
+                             on_saved=hooks.on_notice_saved, log=rank_zero_print(rank))
     if checkpoint is not None and rank == 0:
         metrics_api.inc("rayline_train_restarts", 1, **tags)
     hooks.on_start(state)
@@ -231,7 +295,7 @@ def train_fn_per_worker(config: dict) -> None:
     mask_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     try:
         train_loop(model, optimizer, scheduler, source, plan.loop, state, hooks, device, mask_dtype,
-                   after_step=load_step_hook(rank, world), objective=objective)
+                   after_step=load_step_hook(rank, world), objective=objective, notice=notice)
     finally:
         logger.flush()
         shutil.rmtree(hooks.root, ignore_errors=True)  # the staging folder; each checkpoint left it once uploaded

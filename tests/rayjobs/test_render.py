@@ -74,6 +74,36 @@ def test_gpu_train_packs_workers_onto_gpu_nodes(profile):
     assert group["template"]["spec"]["nodeSelector"] == profile.gpu.node_selectors["H100"]
 
 
+@pytest.mark.parametrize("stage, config, overrides, grace", [
+    ("train", "configs/train/tiny.yaml", [], 30), ("train", "configs/train/tiny.yaml", ["checkpoint.notice_grace_s=95"], 95),
+    ("train", "configs/train/small_gpu.yaml", [], 90), ("tune", "configs/tune/tiny.yaml", [], 30)])
+def test_training_worker_pods_drain_for_the_configured_grace_before_kubernetes_kills_them(stage, config, overrides,
+                                                                                          grace, profile):
+    """A worker pod given notice (a spot reclaim, a deletion): Ray drains its node for checkpoint.notice_grace_s (the
+    ranks checkpoint meanwhile, train/notice.py), and Kubernetes waits that and the processes' stop before SIGKILL."""
+    from rayjobs.manifests import DRAIN_TIMEOUT_ENV, STOP_MARGIN_S
+
+    doc = render.render(stage, str(ROOT / config), profile, overrides)
+    assert validate_manifest(doc, project_root=ROOT, profile=profile) == []
+    cluster = doc["spec"]["rayClusterSpec"]
+    for group in cluster["workerGroupSpecs"]:
+        spec = group["template"]["spec"]
+        assert spec["terminationGracePeriodSeconds"] == grace + STOP_MARGIN_S
+        assert {"name": DRAIN_TIMEOUT_ENV, "value": str(grace)} in spec["containers"][0]["env"]
+    head = cluster["headGroupSpec"]["template"]["spec"]  # the driver's pod: no rank checkpoints there
+    assert "terminationGracePeriodSeconds" not in head
+    assert DRAIN_TIMEOUT_ENV not in {e["name"] for e in head["containers"][0]["env"]}
+
+
+def test_serving_pods_keep_the_default_grace(profile):
+    from rayjobs.manifests import DRAIN_TIMEOUT_ENV
+
+    serving = render.render("serve", str(ROOT / "configs/serve/gpu_example.yaml"), profile)
+    for group in serving["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        assert "terminationGracePeriodSeconds" not in group["template"]["spec"]
+        assert DRAIN_TIMEOUT_ENV not in {e["name"] for e in group["template"]["spec"]["containers"][0]["env"]}
+
+
 def test_gpu_serving_lands_on_its_accelerator(profile):
     doc = render.render("serve", str(ROOT / "configs/serve/gpu_example.yaml"), profile)
     cfg = render.load_config(stages.config_class(stages.get_stage("serve")), ROOT / "configs/serve/gpu_example.yaml")

@@ -12,8 +12,10 @@ from train.checkpoint import (
     TrainerState,
     WorldSizeMismatch,
     checkpoint_files,
+    COMMITTED,
     latest_complete_checkpoint,
     load_checkpoint,
+    mark_committed,
     newest_trainer_state,
     save_checkpoint,
 )
@@ -37,6 +39,33 @@ def test_newest_complete_checkpoint_wins_and_partial_ones_are_skipped(tmp_path):
     assert latest_complete_checkpoint(str(run), 2) == "checkpoint_step000006"
     # A checkpoint of 2 ranks is not complete for 4.
     assert latest_complete_checkpoint(str(run), 4) is None
+
+
+def test_a_checkpoint_without_its_commit_marker_is_never_resumed_from(tmp_path):
+    """Every rank's file is there by name, one of them cut off mid-copy (a node gone before its upload finished, as when
+    a termination notice's save did not fit): without the marker, neither the scan nor the world-size check uses it."""
+    run = tmp_path / "run"
+    write_checkpoint(run, 4, checkpoint_files(2))
+    write_checkpoint(run, 8, checkpoint_files(2) - {COMMITTED})
+    (run / "checkpoint_step000008" / "trainer_state.json").write_text('{"step": 8, "wor')  # half written
+    assert latest_complete_checkpoint(str(run), 2) == "checkpoint_step000004"
+    (run / "checkpoint_step000004" / "trainer_state.json").write_text('{"step": 4, "world_size": 2}')
+    assert newest_trainer_state(str(run))[1].step == 4
+    mark_committed(str(run / "checkpoint_step000008"), 8)  # what rank 0 writes once every upload has returned
+    assert latest_complete_checkpoint(str(run), 2) == "checkpoint_step000008"
+
+
+def test_rank_zero_commits_only_a_checkpoint_whose_every_file_landed(tmp_path):
+    """train/worker.py commit_checkpoint, after every rank's report (one process here: no barrier to wait at)."""
+    from train.worker import commit_checkpoint
+
+    run = tmp_path / "run"
+    write_checkpoint(run, 4, checkpoint_files(1) - {COMMITTED})
+    write_checkpoint(run, 8, checkpoint_files(1) - {COMMITTED, "__0_0.distcp"})  # a report Ray skipped
+    for step in (4, 8):
+        commit_checkpoint(str(run / f"checkpoint_step{step:06d}"), step, rank=0)
+    assert (run / "checkpoint_step000004" / COMMITTED).exists() and not (run / "checkpoint_step000008" / COMMITTED).exists()
+    assert latest_complete_checkpoint(str(run), 1) == "checkpoint_step000004"
 
 
 def test_listing_works_on_s3(s3_bucket):
@@ -68,9 +97,12 @@ def test_a_checkpoint_resumes_only_with_the_worker_count_that_wrote_it(tmp_path)
         return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
     model, optimizer, _ = fresh()
-    save_checkpoint(run / "checkpoint_step000003", model, optimizer, TrainerState(step=3, world_size=2), rank=0)
-    save_checkpoint(run / "checkpoint_step000006", model, optimizer, TrainerState(step=6, world_size=1), rank=0)
-    write_checkpoint(run, 9, {".metadata"})  # taken, but its trainer state never landed
+    for step, world in ((3, 2), (6, 1), (12, 1)):
+        save_checkpoint(run / f"checkpoint_step{step:06d}", model, optimizer, TrainerState(step=step, world_size=world),
+                        rank=0)
+    for step in (3, 6):
+        mark_committed(str(run / f"checkpoint_step{step:06d}"), step)  # 12: its uploads never all returned
+    write_checkpoint(run, 9, {".metadata", COMMITTED})  # taken, but its trainer state never landed
     uri, state = newest_trainer_state(str(run))
     assert (uri, state.step, state.world_size) == (str(run / "checkpoint_step000006"), 6, 1)
 

@@ -89,3 +89,20 @@ def test_a_node_kill_refuses_anything_but_a_stack_worker_node(monkeypatch, no_ex
         fault_injector.after_step(2, 1, 2, **kill)
     assert killed == ["session"] and marker.read_text() == "killed node worker-2 of rank 1 after step 2\n"
     assert json.loads(fault_injector.fault_env("2", marker, "node")["RAYLINE_STEP_HOOK_ARGS"])["kind"] == "node"
+
+
+def test_a_notice_signals_the_nodes_ray_start_and_training_goes_on(monkeypatch, no_exit, tmp_path):
+    """kind=notice: SIGTERM to the session leader (the node's `ray start --block`, as Kubernetes signals a pod's main
+    process), the step held for notice_wait_s, no exit; only on a stack worker node, once."""
+    marker, signals, waits = tmp_path / "fired", [], []
+    monkeypatch.setattr(fault_injector.os, "kill", lambda pid, sig: signals.append((pid, sig)))
+    monkeypatch.setattr(fault_injector.time, "sleep", waits.append)
+    notice = dict(at="4", marker=str(marker), kind="notice", notice_wait_s=2.5)
+    monkeypatch.setattr(fault_injector, "node_label", lambda: "head")
+    with pytest.raises(RuntimeError, match="only a worker node"):
+        fault_injector.after_step(4, 1, 2, **notice)
+    monkeypatch.setattr(fault_injector, "node_label", lambda: "worker-1")
+    fault_injector.after_step(4, 1, 2, **notice)  # returns: the rank trains on
+    fault_injector.after_step(4, 1, 2, **notice)  # the restarted group passes
+    assert signals == [(fault_injector.os.getsid(0), fault_injector.signal.SIGTERM)] and waits == [2.5]
+    assert marker.read_text() == "gave notice to node worker-1 of rank 1 after step 4\n"

@@ -44,6 +44,8 @@ def test_cpu_workers_share_what_data_ingest_leaves():
     ("scaling.resources_per_worker.GPU=1", "scaling.resources_per_worker.GPU: asks for GPUs"),
     ("data.materialize=[test]", "data.materialize[0]: 'test' is not a split"),
     ("checkpoint.num_to_keep=0", "checkpoint.num_to_keep: must be >= 1"),
+    ("checkpoint.notice_grace_s=0", "checkpoint.notice_grace_s: must be > 0 seconds"),
+    ("checkpoint.save_estimate_s=-1", "checkpoint.save_estimate_s: must be >= 0 seconds"),
     ("scaling.node_labels={rayline.io/node: 'in(worker-1'}", "scaling.node_labels.rayline.io/node: Invalid label selector"),
 ])
 def test_bad_train_fields_are_named(override, field):
