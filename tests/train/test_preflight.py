@@ -47,11 +47,12 @@ def test_bad_config_is_named(make_train_config, override, message):
 def test_resume_with_another_worker_count_is_refused(make_train_config, tmp_path):
     from dataclasses import asdict
 
-    from train.checkpoint import TrainerState
+    from train.checkpoint import TrainerState, mark_committed
 
     ckpt = tmp_path / "resumed" / "checkpoint_step000003"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text(json.dumps(asdict(TrainerState(step=3, world_size=2))))
+    mark_committed(str(ckpt), 3)  # as rank 0 does once every rank's files landed: an uncommitted one is not resumed
     assert plan_run(make_train_config(storage=str(tmp_path), run_name="resumed"), {"CPU": 2.0}).total_steps == 12
     one = make_train_config("scaling.num_workers=1", storage=str(tmp_path), run_name="resumed")
     with pytest.raises(ConfigError) as refused:
