@@ -14,7 +14,6 @@ It joins the Ray cluster the environment names (the local stack), or starts a lo
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shutil
 import sys
@@ -24,20 +23,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_train import MUST_MATCH, join_ray, prepare_inputs, run_rayline, train_config  # noqa: E402
+from bench.bench_train import MUST_MATCH, join_ray, prepare_inputs, run_args, run_rayline, train_config  # noqa: E402
 from bench.equal_terms import pooled_setup, print_setups, ratio_line, round_order  # noqa: E402
 
 ON, OFF = "rayline", "rayline without notice checks"
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=2, help="runs per side, in A-B-B-A order, pooled")
-    p.add_argument("--work-dir", default=str(ROOT / "out/bench"))
-    args = p.parse_args()
+    args = run_args(__doc__.splitlines()[0]).parse_args()
 
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -304,13 +304,19 @@ def torchrun_worker(cfg_path: Path, threads: int) -> None:
     dist.destroy_process_group()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_args(description: str) -> argparse.ArgumentParser:
+    """The options every train-stage bench takes: timed steps, warm-up, micro-batch, rounds and the work dir."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2, help="runs per side, in A-B-B-A order, pooled")
     p.add_argument("--work-dir", default=str(ROOT / "out/bench"))
+    return p
+
+
+def main() -> None:
+    p = run_args(__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 4 steps (2 warmup), one round (rayline then torchrun; ~2.5 min)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
