@@ -22,13 +22,50 @@ sys.path.insert(0, str(ROOT))
 
 from stack import lifecycle as stack, objectstore  # noqa: E402
 from core.config import from_dict  # noqa: E402
+from stack.config import SERVE_REPLICA_PORTS  # noqa: E402
 
-TEST_STACK = {
-    "state_dir": ".rayline-test", "ray_port": 6389, "dashboard_port": 8275, "ray_client_port": 23011,
-    "dashboard_agent_port": 52375, "min_worker_port": 24000, "max_worker_port": 24999,
-    "serve_port": 8010, "mlflow_port": 5010, "s3_port": 8090, "memcached_port": 11221, "bucket": "rayline-test",
-    "prometheus_port": 9190, "metrics_export_port": 8095, "node_port_base": 25000,
-}
+# `make test` runs the suite in two pytest-xdist workers (gw0, gw1), each on a test stack of its own: a state dir and
+# ports no other stack of the suite uses (the private stacks of test_gcs_restart.py, test_serve_autoscaling.py and
+# test_stack.py included), and each its own share of Serve's replica port ranges, so that neither stack's HAProxy can
+# ever reach a replica of the other (replica_ports). A plain `pytest` is gw0's stack.
+TEST_STACKS = (
+    {"state_dir": ".rayline-test", "ray_port": 6389, "dashboard_port": 8275, "ray_client_port": 23011,
+     "dashboard_agent_port": 52375, "min_worker_port": 24000, "max_worker_port": 24999,
+     "serve_port": 8010, "mlflow_port": 5010, "s3_port": 8090, "memcached_port": 11221, "bucket": "rayline-test",
+     "prometheus_port": 9190, "metrics_export_port": 8095, "node_port_base": 25000},
+    {"state_dir": ".rayline-test-gw1", "ray_port": 6489, "dashboard_port": 8375, "ray_client_port": 23111,
+     "dashboard_agent_port": 52475, "min_worker_port": 27000, "max_worker_port": 27999,
+     "serve_port": 8110, "mlflow_port": 5110, "s3_port": 8190, "memcached_port": 11321, "bucket": "rayline-test",
+     "prometheus_port": 9390, "metrics_export_port": 8395, "node_port_base": 20000, "redis_port": 6490},
+)
+REPLICA_PORT_SHARES = ("gw0", "gw1", "gcs", "autoscaling")
+
+
+def replica_ports(share: str) -> dict[str, str]:
+    """The `ray_env` that gives a stack of the suite its own quarter of Serve's direct-ingress port ranges
+    (stack/config.py SERVE_REPLICA_PORTS): Serve hands replicas the lowest free port of the range on each node, so
+    two stacks on one machine would otherwise take turns on the same ports."""
+    (http_lo, http_hi), (grpc_lo, grpc_hi) = SERVE_REPLICA_PORTS
+    width = (http_hi - http_lo + 1) // len(REPLICA_PORT_SHARES)
+    i = REPLICA_PORT_SHARES.index(share)
+    return {"RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(http_lo + i * width),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(http_lo + (i + 1) * width - 1),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_lo + i * width),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_lo + (i + 1) * width - 1)}
+
+
+def xdist_worker() -> int:
+    """This process's pytest-xdist worker number (gw1 -> 1), 0 outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(name.removeprefix("gw"))
+    if index >= len(TEST_STACKS):
+        raise pytest.UsageError(f"tests/conftest.py has test stacks for {len(TEST_STACKS)} xdist workers, not "
+                                f"{name}: run `pytest -n {len(TEST_STACKS)}` or fewer, or add one to TEST_STACKS")
+    return index
+
+
+TEST_STACK = {**TEST_STACKS[xdist_worker()], "ray_env": replica_ports(f"gw{xdist_worker()}")}
+"""This worker's test stack (StackConfig fields)."""
 
 
 def pytest_configure(config):
@@ -43,12 +80,37 @@ STACK_FIXTURES = {"local_stack", "mini_cfg", "gcs_stack", "autoscaling_stack"}
 STACK_TESTS = ("tests/stack/test_stack_secrets.py::test_the_gcs_redis_takes_only_the_stacks_certificate",)
 
 
+# Fixtures whose set-up several modules share in one session: their modules run on one xdist worker (one set-up).
+SHARED_SETUPS = {"served": "serve-app", "client": "serve-app", "prepared_manifest": "train-data",
+                 "make_train_config": "train-data", "start_stage": "train-data", "run_stage": "train-data",
+                 "history": "train-data"}
+# The longest modules (about 100-500 s each), started first so the two workers end together; the rest follow in
+# collection order. Only an order: a module missing here, or one that moved, costs time, never a result.
+LONG_FIRST = ("tests/pipelines/test_demo.py", "tests/serve/test_canary.py", "train-data", "serve-app",
+              "tests/serve/test_node_loss.py", "tests/serve/test_gcs_restart.py", "tests/serve/test_rollout.py",
+              "tests/serve/test_serve_autoscaling.py", "tests/posttrain/test_dpo_stage.py",
+              "tests/posttrain/test_grpo_stage.py", "tests/posttrain/test_dpo_tune.py", "tests/stack/test_stack.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Mark `stack` every test that starts the stack or a part of it: one whose fixture closure holds a
-    STACK_FIXTURES name, or one of STACK_TESTS. `make check` deselects them (`-m "not stack"`)."""
+    STACK_FIXTURES name, or one of STACK_TESTS. `make check` deselects them (`-m "not stack"`).
+
+    Under `--dist loadgroup` (`make test`) a worker runs whole groups: a module, or every module that uses one of
+    SHARED_SETUPS. Groups in LONG_FIRST go first."""
+    groups = {}
     for item in items:
         if STACK_FIXTURES.intersection(item.fixturenames) or item.nodeid.startswith(STACK_TESTS):
             item.add_marker(pytest.mark.stack)
+        module = item.nodeid.split("::")[0]
+        groups[item] = next((SHARED_SETUPS[f] for f in sorted(SHARED_SETUPS) if f in item.fixturenames), module)
+    shared_modules = {item.nodeid.split("::")[0]: g for item, g in groups.items() if g in SHARED_SETUPS.values()}
+    for item in items:  # a module with one test on a shared set-up goes with it whole (its module fixtures run once)
+        groups[item] = shared_modules.get(item.nodeid.split("::")[0], groups[item])
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    rank = {g: i for i, g in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: collection order within each rank
 
 
 @pytest.hookimpl(hookwrapper=True)

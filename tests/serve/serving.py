@@ -30,6 +30,7 @@ import yaml
 from core import api_keys, registry
 from core.secret_files import ensure_secret, read_secret
 from serve.batch.tracking import record_figures
+from tests.conftest import TEST_STACK
 
 # The app tests/serve/conftest.py deploys for the session (test_serve.py, test_llm_hooks.py).
 SERVED_MODEL, SERVED_APP, SERVED_PREFIX = "rayline-serve-test", "rayline-test-serve", "/serve-test"
@@ -43,7 +44,7 @@ TEST_ENGINE = {
 }
 
 
-KEYS_STATE_DIR = registry.PROJECT_ROOT / ".rayline-test"
+KEYS_STATE_DIR = registry.PROJECT_ROOT / TEST_STACK["state_dir"]
 """The test stack's state dir (tests/conftest.py TEST_STACK; test_api_keys.py checks they agree)."""
 LIMITED = {"requests_per_minute": 3, "max_concurrent": 64}  # test_api_keys.py's burst runs out of it at once
 

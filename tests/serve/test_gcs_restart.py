@@ -15,13 +15,14 @@ import pytest
 
 from stack import gcs_store, lifecycle as stack
 from core.config import from_dict
+from tests.conftest import replica_ports
 from tests.serve.gcs_faults import serve_gcs_restart
 
 GCS_STACK = {
     "state_dir": ".rayline-test-gcs", "ray_port": 6397, "dashboard_port": 8287, "ray_client_port": 23031,
     "dashboard_agent_port": 52395, "min_worker_port": 26000, "max_worker_port": 26999, "serve_port": 8030,
     "mlflow_port": 5030, "metrics_export_port": 8197, "prometheus": False, "gcs_redis": True, "redis_port": 6392,
-    "nodes": 3, "node_cpus": 1, "node_port_base": 28000,
+    "nodes": 3, "node_cpus": 1, "node_port_base": 28000, "ray_env": replica_ports("gcs"),
 }
 
 

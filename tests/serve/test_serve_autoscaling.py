@@ -24,6 +24,7 @@ from stack import lifecycle as stack
 from core.config import from_dict
 from stack.ray_autoscaler import AUTOSCALED_LABEL
 from serve.promotion.deploy_target import LocalServe
+from tests.conftest import replica_ports
 from tests.serve.serving import ChatLoad, ReplicaTimeline, deploy, register_fresh, serve_config_dict
 
 APP, PREFIX, MODEL = "rayline-test-autoscale", "/autoscale-test", "rayline-autoscale-test"
@@ -33,13 +34,13 @@ IDLE_TIMEOUT_S = 10.0
 STREAMS = 8
 # A 1-CPU head holds the ingress (0.05 CPU) and one engine replica (0.9): a second replica needs a node.
 AUTOSCALING_STACK = {
-    "ray_port": 6409, "dashboard_port": 8295, "ray_client_port": 23031, "dashboard_agent_port": 52395,
-    "min_worker_port": 26000, "max_worker_port": 26999, "metrics_export_port": 8196, "mlflow_port": 5031,
+    "ray_port": 6409, "dashboard_port": 8295, "ray_client_port": 23041, "dashboard_agent_port": 52405,
+    "min_worker_port": 29000, "max_worker_port": 29799, "node_port_base": 29800, "metrics_export_port": 8196, "mlflow_port": 5031,
     "serve_port": 8031, "prometheus": False, "num_cpus": 1,
     "autoscale_nodes": 1, "node_cpus": 1, "autoscale_idle_timeout_s": IDLE_TIMEOUT_S,
     # A node's Serve proxy drains for at least 30 s (Serve's default) once its replica left, and the node is not idle
     # until it is gone: 2 s here, so the idle timeout starts soon after the replica stopped.
-    "ray_env": {"RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S": "2"},
+    "ray_env": {"RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S": "2", **replica_ports("autoscaling")},
 }
 
 

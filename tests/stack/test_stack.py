@@ -23,8 +23,8 @@ RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
 def mini_cfg(tmp_path):
     return from_dict(stack.StackConfig, {
         "state_dir": str(tmp_path / "state"), "ray_port": 6399, "dashboard_port": 8285, "ray_client_port": 23021,
-        "serve_port": 8020, "mlflow_port": 5020, "dashboard_agent_port": 52385, "min_worker_port": 25000,
-        "max_worker_port": 25999, "prometheus_port": 9290, "metrics_export_port": 8195,
+        "serve_port": 8020, "mlflow_port": 5020, "dashboard_agent_port": 52385, "min_worker_port": 20500,
+        "max_worker_port": 20999, "prometheus_port": 9290, "metrics_export_port": 8195,
     })
 
 

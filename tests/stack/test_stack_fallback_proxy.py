@@ -19,7 +19,8 @@ from tests.conftest import TEST_STACK
 def test_each_stack_gets_its_own_fallback_proxy_ports_and_up_checks_them():
     default, tests = stack.StackConfig(), from_dict(stack.StackConfig, TEST_STACK)
     assert default.serve_fallback_ports == (8500, 9500)  # Ray's own, for the one stack a machine usually runs
-    assert tests.serve_fallback_ports == (8510, 9510)
+    assert tests.serve_fallback_ports == (TEST_STACK["serve_port"] + 500, TEST_STACK["serve_port"] + 1500)
+    assert tests.serve_fallback_ports in ((8510, 9510), (8610, 9610))  # gw0's stack, gw1's
     for cfg in (default, tests):
         http, grpc = cfg.serve_fallback_ports
         (head,) = stack_parts.specs(cfg)["ray"][:1]
