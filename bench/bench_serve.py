@@ -2,7 +2,7 @@
 
     python -m pipelines.stack up                 # the local stack (Ray head + MLflow), or export another stack's env
     python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--spread 0.25]
-                                [--skip-rollout | --rollout-only]
+                                [--skip-rollout | --rollout-only] [--rollout-rounds N]
     python bench/bench_serve.py --quick          # a smoke run: small loads, no rollout
 
 Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -55,8 +56,9 @@ VLLM = "vllm server"
 DEFAULTS = "vllm serve, its own defaults (not equal terms)"
 
 
-def bench_rollout(work: Path) -> float:
-    """Seconds from setting the alias to the new version answering, with the tiny model and the real rollout."""
+def bench_rollout(work: Path, rounds: int = 1) -> float:
+    """Seconds from setting the alias to the new version answering, with the tiny model and the real rollout: the
+    median of `rounds` rollouts, each to the other version (v2, v1, v2, ...)."""
     from core import registry
     from stack.tiny_model import build_tiny_model
     from serve.promotion.outcome import DEPLOYED
@@ -85,22 +87,26 @@ def bench_rollout(work: Path) -> float:
         if first.status != DEPLOYED:
             raise RuntimeError(first.line())
         # Users on the app while it rolls: what the roll costs them (two engines share the cores for a while).
-        stop, seen, failed = threading.Event(), [], []
-        clients = user_load(serve_cfg.base_url(), stop, seen, failed)
-        time.sleep(10)
-        start = time.time()
-        registry.set_alias(name, "champion", versions[1])
-        second = rollout.once()
-        took = time.time() - start
-        time.sleep(5)
-        stop.set()
-        for t in clients:
-            t.join(timeout=120)
-        if second.status != DEPLOYED:
-            raise RuntimeError(second.line())
-        print(roll_cost(seen, failed, start, took, len(clients)), flush=True)
-        print(rollout_breakdown(second.run_id, serve_cfg.app_name, took), flush=True)
-        return took
+        times = []
+        for i in range(rounds):
+            stop, seen, failed = threading.Event(), [], []
+            clients = user_load(serve_cfg.base_url(), stop, seen, failed)
+            time.sleep(10)
+            start = time.time()
+            registry.set_alias(name, "champion", versions[(i + 1) % 2])
+            second = rollout.once()
+            took = time.time() - start
+            time.sleep(5)
+            stop.set()
+            for t in clients:
+                t.join(timeout=120)
+            if second.status != DEPLOYED:
+                raise RuntimeError(second.line())
+            print(f"rollout round {i + 1} of {rounds}: " + roll_cost(seen, failed, start, took, len(clients)), flush=True)
+            print(rollout_breakdown(second.run_id, serve_cfg.app_name, took), flush=True)
+            times.append(took)
+        print("rollout times: " + ", ".join(f"{t:.1f}s" for t in times), flush=True)
+        return statistics.median(times)
     finally:
         rollout.target.delete()
 
@@ -121,16 +127,20 @@ ENGINE_START_LINES = ("Loading weights took", "Model loading took", "init engine
 
 
 def rollout_breakdown(run_id: str, app_name: str, total_s: float) -> str:
-    """Where a rollout's seconds went: the rollout's own phases as it logged them to its MLflow run (gate, deploy =
-    apply -> the new replica healthy, verify = healthy -> the new version answering) and what the new replica's
-    vLLM logged of its start (weights, engine init), read from that replica's log."""
+    """Where a rollout's seconds went: the rollout's own phases as it logged them to its MLflow run
+    (`rollout/seconds_<phase>`, serve/promotion/rollout_phases.py; a run without them: gate, deploy = apply -> the new
+    replica healthy, verify = healthy -> the new version answering) and what the new replica's vLLM logged of its
+    start (weights, engine init), read from that replica's log."""
     from core import registry
+    from serve.promotion.rollout_phases import phases_of
 
     from bench.serve_servers import engine_replica_pid
 
     m = registry.client().get_run(run_id).data.metrics
-    phases = ", ".join(f"{k} {m[k]:.1f}s" for k in ("gate_s", "deploy_s", "verify_s", "switch_s", "duration_s") if k in m)
-    lines = [f"rollout breakdown (alias set -> answering {total_s:.1f}s): {phases}"]
+    phases = ", ".join(f"{k} {s:.1f}s" for k, s in phases_of(m).items()) or ", ".join(
+        f"{k} {m[k]:.1f}s" for k in ("gate_s", "deploy_s", "verify_s", "switch_s") if k in m)
+    lines = [f"rollout breakdown (alias set -> answering {total_s:.1f}s; the run's duration_s "
+             f"{m.get('duration_s', float('nan')):.1f}s): {phases}"]
     replica = engine_replica_pid(app_name)
     if replica is not None:
         import os
@@ -159,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="load runs per server and concurrency, in A-B-C, C-B-A order (the machine's speed drifts)")
     p.add_argument("--skip-rollout", action="store_true")
     p.add_argument("--rollout-only", action="store_true", help="only the rollout time (no load, no vLLM server)")
+    p.add_argument("--rollout-rounds", type=int, default=1,
+                   help="rollouts timed, each to the other version (the figure: their median)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 16 requests of 32 tokens at 8 streams, "
                    "2 rounds, no rollout")
     args = p.parse_args(argv)
@@ -175,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir, engine_cfg = small_model(work)
 
     if args.rollout_only:
-        rollout_s = bench_rollout(work)
+        rollout_s = bench_rollout(work, args.rollout_rounds)
         print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
         return {"vllm": [], "rayline": [], "rollout_s": rollout_s, "ratios": {}}
 
@@ -218,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     rollout_s, rollout_error = None, ""
     if not args.skip_rollout:
         try:
-            rollout_s = bench_rollout(work)
+            rollout_s = bench_rollout(work, args.rollout_rounds)
         except RuntimeError as e:  # a failed rollout is a figure too; the load's figures above still stand
             rollout_error = str(e)
 

@@ -41,6 +41,9 @@ class AppState:
     """Deployment name -> {status, message}."""
     deployed_at: float | None = None
     """When the target took the app config (Unix seconds), where the target says."""
+    replicas: list[dict[str, Any]] = field(default_factory=list)
+    """The app's replicas where the target reports them (local Serve): deployment, replica_id, state (STARTING,
+    RUNNING, STOPPING, ...), node_id, pid, start_time_s. A RayService's status lists none."""
 
     def replica_failure(self) -> str | None:
         """The first deployment message saying a replica of the new version failed to start, if any."""
@@ -78,6 +81,14 @@ def ray_auth_token() -> str | None:
     if path and Path(path).is_file():
         return Path(path).read_text().strip()
     return None
+
+
+def _replicas_of(app: dict) -> list[dict[str, Any]]:
+    """The replicas in one application's entry of the dashboard's Serve details."""
+    return [
+        {"deployment": name, **{k: r.get(k) for k in ("replica_id", "state", "node_id", "pid", "start_time_s")}}
+        for name, dep in (app.get("deployments") or {}).items() for r in dep.get("replicas") or []
+    ]
 
 
 class LocalServe:
@@ -129,16 +140,12 @@ class LocalServe:
                 for n, d in (app.get("deployments") or {}).items()}
         return AppState(status=app.get("status", ""), message=app.get("message", ""),
                         app_config=app.get("deployed_app_config"), deployments=deps,
-                        deployed_at=app.get("last_deployed_time_s"))
+                        deployed_at=app.get("last_deployed_time_s"), replicas=_replicas_of(app))
 
     def replicas(self) -> list[dict[str, Any]]:
         """This app's replicas as the controller reports them: deployment, replica_id, state (STARTING, RUNNING,
         STOPPING, ...), node_id, pid, start_time_s."""
-        app = self._details().get("applications", {}).get(self.app_name) or {}
-        return [
-            {"deployment": name, **{k: r.get(k) for k in ("replica_id", "state", "node_id", "pid", "start_time_s")}}
-            for name, dep in (app.get("deployments") or {}).items() for r in dep.get("replicas") or []
-        ]
+        return _replicas_of(self._details().get("applications", {}).get(self.app_name) or {})
 
     def apply(self, serve_config: dict) -> None:
         """Deploy `serve_config` (our app only; other declaratively deployed apps are kept)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEPLOYED, UNCHANGED, REJECTED, ROLLED_BACK, SKIPPED, ERROR = (
     "deployed", "unchanged", "rejected", "rolled_back", "skipped", "error")
@@ -19,6 +19,8 @@ class RolloutResult:
     run_id: str | None = None
     seconds: float = 0.0
     """Rollout start -> new version answering (deployed), or -> rollback done."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Where `seconds` went, phase -> seconds, summing to it (serve/promotion/rollout_phases.py; empty for a canary)."""
 
     def line(self) -> str:
         to = f"{self.model}/{self.version}" if self.version else self.model

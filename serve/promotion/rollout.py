@@ -33,11 +33,14 @@ from serve.online.app import (ServedModel, adapters_of, render_serve_config, res
 from serve.promotion.deploy_target import DeployError, KubeRayService, LocalServe
 from serve.promotion.gate import evidence_problems, gate_problems
 from serve.promotion.rollout_config import Config
+from serve.promotion.rollout_phases import PhaseClock
 from serve.online.serve_config import Config as ServeConfig
 from serve.promotion.verify import VerifyOutcome, admin_key, served_versions, wait_until_answering, wait_until_healthy
 from serve.promotion.webhook import WebhookReceiver, register_webhook
 
 log = logging.getLogger("rayline.rollout")
+# How often the deploy's wait asks the target for the app's state: a phase ends within this of when it really ended.
+HEALTH_POLL_S = 0.2
 
 def load_serve_config(cfg: Config) -> ServeConfig:
     """The serving config the app is rendered from: `serve_config` (cwd, then project root) + `serve_overrides`."""
@@ -70,11 +73,14 @@ class Rollout:
         self.base_url = cfg.kubernetes.serve_url if cfg.target == "kubernetes" else self.serve_cfg.base_url()
         self.admin_key = admin_key(self.serve_cfg)  # what its requests to the app send; none: refused here, not mid-way
         self.canary_metrics_url = cfg.canary.metrics_url() if cfg.canary.steps else ""  # a bad setting fails here
+        self.clock: PhaseClock | None = None  # the phases of the attempt under way (serve/promotion/rollout_phases.py)
 
     # -- one attempt ---------------------------------------------------------------------------------
 
     def once(self, triggered_by: str | None = None) -> RolloutResult:
         cfg, name = self.cfg, self.name
+        clock = PhaseClock()  # from the alias read on, so the phases cover alias read -> new version answering
+        self.clock = None
         trigger = triggered_by or cfg.triggered_by or rec.default_trigger()
         if cfg.canary.steps and not cfg.adapter:
             challenger = registry.get_alias(name, cfg.canary.alias)
@@ -96,13 +102,14 @@ class Rollout:
             return RolloutResult(SKIPPED, name, version, prev_version,
                                  reason=f"{name}/{version} was {earlier} before ({why}); point {cfg.alias} at another version")
 
-        start = time.time()
+        start, self.clock = clock.start, clock
         tags = rec.run_tags(name, cfg.alias, prev_version, version, trigger, self.target.describe())
         with registry.start_run(cfg.experiment, f"{name}-v{version}", tags=tags) as run:
             run_id = run.info.run_id
             log.info("rollout %s/%s (serving %s) triggered by %s", name, version, prev_version or "nothing", trigger)
             served, problems = self.gate(name, version, mv.tags)
-            mlflow.log_metric("gate_s", time.time() - start)
+            clock.mark("gate")
+            mlflow.log_metric("gate_s", clock.seconds["gate"])
             # Provenance: the candidate a promoter copied in (only promoters and the rollout may write `name`; MLflow
             # records no author of an alias) and the exact bytes the gate approved.
             mlflow.set_tags({"rollout.promoted_from": mv.source.removeprefix("models:/") if mv.source.startswith(
@@ -121,6 +128,7 @@ class Rollout:
                 return self.finish(RolloutResult(DEPLOYED, name, version, prev_version, run_id=run_id), start)
 
             rollback = self.roll_back(self.pinned(previous_app, previous), previous, rendered.get("http_options"))
+            clock.mark("rollback")
             rec.record_rolled_back(name, version, outcome.reason, trigger, run_id)
             alias_note = self._restore_alias(name, prev_version)
             reason = f"{outcome.reason}; {rollback}{alias_note}"
@@ -214,26 +222,44 @@ class Rollout:
         return self.serve_cfg.served_model_id, served.label, "system_fingerprint"
 
     def deploy_and_verify(self, rendered: dict, served: ServedModel) -> VerifyOutcome:
+        """Apply `rendered`, wait until the target runs it healthy, then until `served` answers a smoke request; marks
+        the phases apply, build, replica_start, healthy and verify on the attempt's clock."""
         cfg = self.cfg
+        clock = self.clock or PhaseClock()  # a canary's promotion keeps no phases
+        replicas_before = self._replica_ids()
         t = time.time()
         try:
             self.target.apply(rendered)
         except DeployError as e:
             return VerifyOutcome(False, f"deploy failed: {e}")
+        finally:
+            clock.mark("apply")
         base = served_model_of(rendered["applications"][0]) if cfg.adapter else served
         if base is not None:
             healthy = wait_until_healthy(self.target.state, base, cfg.deploy_timeout_s, cfg.fail_fast, applied_at=t,
-                                         poll_s=0.2 if cfg.adapter else 1.0)
+                                         poll_s=HEALTH_POLL_S, replicas_before=replicas_before, on_phase=clock.mark)
+            clock.mark("healthy")
             mlflow.log_metric("deploy_s", time.time() - t)
             if not healthy.ok:
                 return VerifyOutcome(False, f"deploy failed: {healthy.reason}")
         model_id, label, field = self._expect(served)
         answer = wait_until_answering(self.base_url, model_id, label, cfg.smoke_prompt, cfg.smoke_timeout_s,
-                                      poll_s=0.2 if cfg.adapter else 0.5, field=field, api_key=self.admin_key)
+                                      poll_s=0.2, field=field, api_key=self.admin_key)
+        clock.mark("verify")
         mlflow.log_metric("verify_s", answer.seconds)
         if answer.ok:
             mlflow.log_metric("switch_s", time.time() - t)  # deploy -> the new version answering
         return answer if answer.ok else VerifyOutcome(False, f"verify failed: {answer.reason}")
+
+    def _replica_ids(self) -> set[str] | None:
+        """The ids of the app's replicas now, where the target reports replicas (local Serve), else None."""
+        replicas = getattr(self.target, "replicas", None)
+        if replicas is None:
+            return None
+        try:
+            return {r["replica_id"] for r in replicas()}
+        except DeployError:
+            return None
 
     def pinned(self, app_config: dict | None, previous: ServedModel | None) -> dict | None:
         """The previous app config to restore, with the previous version pinned where it named an alias (deployed
@@ -293,7 +319,14 @@ class Rollout:
         return f"; alias {self.cfg.alias} moved back to {name}/{prev_version}"
 
     def finish(self, result: RolloutResult, start: float) -> RolloutResult:
+        """Close the attempt: its duration and phases (`rollout/seconds_<phase>`) and status on the run, the counters."""
         result.seconds = time.time() - start
+        clock, self.clock = self.clock, None
+        if clock is not None and clock.start == start:
+            clock.mark("record")
+            result.seconds, result.phases = clock.total, dict(clock.seconds)
+            mlflow.log_metrics(clock.metrics())
+            log.info("rollout %s/%s phases: %s", result.model, result.version, clock.line())
         mlflow.log_metric("duration_s", result.seconds)
         mlflow.set_tags({rec.TAG_STATUS: result.status, "rollout.reason": result.reason[: rec.MAX_REASON]})
         if result.status not in (UNCHANGED, SKIPPED):

@@ -7,7 +7,8 @@ Model version tags (times are UTC ISO-8601):
   rollout.status=rolled_back, rollout.failed_reason, rollout.failed_at     (deploy or verify failed)
 One run per rollout attempt in the `rayline-rollout` experiment: tags rollout.model / from_version /
 to_version / status / triggered_by / target, metrics duration_s (start -> new version answering),
-gate_s, deploy_s, verify_s, and the rendered serve config as the artifact `serve_config.json`.
+gate_s, deploy_s, verify_s, the phases `rollout/seconds_<phase>` that add up to duration_s
+(serve/promotion/rollout_phases.py), and the rendered serve config as the artifact `serve_config.json`.
 """
 
 from __future__ import annotations

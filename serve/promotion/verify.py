@@ -62,11 +62,17 @@ def served_versions(base_url: str, timeout_s: float = 30.0, api_key: str = "") -
 
 def wait_until_healthy(
     state: Callable[[], AppState], expected: ServedModel, timeout_s: float, fail_fast: bool = True,
-    applied_at: float | None = None, poll_s: float = 1.0,
+    applied_at: float | None = None, poll_s: float = 1.0, replicas_before: set[str] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> VerifyOutcome:
-    """Poll the target until the app runs `expected` (RUNNING), has failed, or `timeout_s` passes."""
+    """Poll the target until the app runs `expected` (RUNNING), has failed, or `timeout_s` passes.
+
+    With `replicas_before` (the replica ids the target reported before the deploy) and `on_phase`, the wait also says
+    when it sees the new version's first replica (`on_phase("build")`) and all of them RUNNING
+    (`on_phase("replica_start")`), where the target reports replicas (serve/promotion/rollout_phases.py)."""
     start = time.time()
     last = ""
+    seen: set[str] = set()
     while time.time() - start < timeout_s:
         try:
             st = state()
@@ -77,6 +83,8 @@ def wait_until_healthy(
         pinned = served_model_of(st.app_config or {})
         fresh = applied_at is None or st.deployed_at is None or st.deployed_at >= applied_at - 1.0
         if pinned == expected and fresh:
+            if on_phase is not None and replicas_before is not None:
+                _new_replica_phases(st, replicas_before, seen, on_phase)
             if st.status == "RUNNING":
                 return VerifyOutcome(True, seconds=time.time() - start)
             if st.status in FAILED:
@@ -87,6 +95,17 @@ def wait_until_healthy(
         last = f"status {st.status} {st.message}".strip()
         time.sleep(poll_s)
     return VerifyOutcome(False, f"not healthy after {timeout_s:.0f}s (last seen: {last[:1000]})", time.time() - start)
+
+
+def _new_replica_phases(st: AppState, before: set[str], seen: set[str], on_phase: Callable[[str], None]) -> None:
+    """Report `build` when a replica the deploy started first shows up, `replica_start` when all of them run."""
+    new = [r for r in st.replicas if r.get("replica_id") not in before]
+    if new and "build" not in seen:
+        seen.add("build")
+        on_phase("build")
+    if new and "replica_start" not in seen and all(r.get("state") == "RUNNING" for r in new):
+        seen.add("replica_start")
+        on_phase("replica_start")
 
 
 def wait_until_answering(base_url: str, model_id: str, expected_label: str, prompt: str, timeout_s: float,

@@ -29,6 +29,7 @@ from serve.promotion.deploy_target import LocalServe
 from serve.promotion.outcome import DEPLOYED, REJECTED, ROLLED_BACK
 from serve.promotion.rollout import Rollout
 from serve.promotion.rollout_config import Config as RolloutConfig
+from serve.promotion.rollout_phases import phases_of
 from tests.serve.serving import LoadThreads, openai_client, register_fresh, serve_config_dict, serving_keys
 
 # The module's app is started in the first test's setup, which pytest-timeout counts against that test;
@@ -157,6 +158,13 @@ def test_promote_under_load_switches_to_v2_without_a_failed_request(setup):
     run = registry.client().get_run(result.run_id)
     assert run.data.tags["rollout.status"] == "deployed" and run.data.tags["rollout.from_version"] == "1"
     assert 0 < run.data.metrics["duration_s"] <= answering_after + 1
+    # Where its seconds went, on the run as on the result (serve/promotion/rollout_phases.py): each phase of a deploy
+    # on local Serve, in order, adding up to the run's duration.
+    phases = phases_of(run.data.metrics)
+    print("rollout phases: " + ", ".join(f"{p} {s:.1f}s" for p, s in phases.items()))
+    assert list(phases) == ["gate", "apply", "build", "replica_start", "healthy", "verify", "record"], phases
+    assert phases == pytest.approx(result.phases) and min(phases.values()) >= 0
+    assert sum(phases.values()) == pytest.approx(run.data.metrics["duration_s"], abs=0.01)
     # Nothing to do when the alias already points at what is served.
     assert setup["rollout"].once("test:again").status == "unchanged"
 
@@ -224,6 +232,9 @@ def test_broken_checkpoint_rolls_back_while_serving_continues(setup):
     assert version_tags("2")[rec.TAG_STATUS] == "deployed"
     run = registry.client().get_run(result.run_id)
     assert run.data.tags["rollout.status"] == "rolled_back" and "rollback_s" in run.data.metrics
+    phases = phases_of(run.data.metrics)
+    assert "rollback" in phases and "verify" not in phases and list(phases)[-1] == "record", phases
+    assert sum(phases.values()) == pytest.approx(run.data.metrics["duration_s"], abs=0.01)
 
 
 def served_fingerprint(setup) -> str:
