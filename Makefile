@@ -15,11 +15,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 demo: install system-deps
 	$(PY) -m pipelines.demo
 
-# Two pytest-xdist workers, each on a test stack of its own (tests/conftest.py TEST_STACKS): the suite mostly waits
+# Two pytest-xdist workers, each on a test stack of its own, each taking whole modules (tests/conftest.py TEST_STACKS,
+# pytest_xdist_make_scheduler): the suite mostly waits
 # (canary windows, drains, engine starts), so two halves overlap well on two cores. TEST_WORKERS=0 runs it in one.
 TEST_WORKERS ?= 2
 test: install system-deps
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The fast tier: no test marked `stack` (tests/conftest.py marks each that starts the stack or a part of it) and none
 # marked `slow` (those start vLLM or Serve engines); each test gets at most CHECK_TIMEOUT seconds.

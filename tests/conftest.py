@@ -80,37 +80,63 @@ STACK_FIXTURES = {"local_stack", "mini_cfg", "gcs_stack", "autoscaling_stack"}
 STACK_TESTS = ("tests/stack/test_stack_secrets.py::test_the_gcs_redis_takes_only_the_stacks_certificate",)
 
 
-# Fixtures whose set-up several modules share in one session: their modules run on one xdist worker (one set-up).
+# Modules whose tests share a session fixture's set-up (the served app, the prepared train data) and so run on one
+# xdist worker, where it is set up once; every other module is a group of its own. Collection checks that each
+# module using one of SHARED_SETUPS is listed here with its group.
 SHARED_SETUPS = {"served": "serve-app", "client": "serve-app", "prepared_manifest": "train-data",
                  "make_train_config": "train-data", "start_stage": "train-data", "run_stage": "train-data",
                  "history": "train-data"}
-# The longest modules (about 100-500 s each), started first so the two workers end together; the rest follow in
-# collection order. Only an order: a module missing here, or one that moved, costs time, never a result.
+SHARED_MODULES = {
+    **dict.fromkeys(("tests/serve/test_api_keys.py", "tests/serve/test_doors.py", "tests/serve/test_ingress_deployment.py",
+                     "tests/serve/test_llm_hooks.py", "tests/serve/test_serve.py", "tests/serve/test_serve_adapters.py"),
+                    "serve-app"),
+    **dict.fromkeys(("tests/train/test_lora.py", "tests/train/test_preflight.py", "tests/train/test_spot_notice.py",
+                     "tests/train/test_train_stage.py", "tests/train/test_train_wait.py", "tests/train/test_tune_stage.py"),
+                    "train-data"),
+}
+# The longest groups (about 100-500 s each), started first so that the two workers end together; the rest follow in
+# collection order. Only an order: a group missing here, or one that moved, costs time, never a result.
 LONG_FIRST = ("tests/pipelines/test_demo.py", "tests/serve/test_canary.py", "train-data", "serve-app",
               "tests/serve/test_node_loss.py", "tests/serve/test_gcs_restart.py", "tests/serve/test_rollout.py",
               "tests/serve/test_serve_autoscaling.py", "tests/posttrain/test_dpo_stage.py",
               "tests/posttrain/test_grpo_stage.py", "tests/posttrain/test_dpo_tune.py", "tests/stack/test_stack.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def test_group(nodeid: str) -> str:
+    """The xdist group of a test: its module's shared set-up (SHARED_MODULES), else its module."""
+    module = nodeid.split("::")[0]
+    return SHARED_MODULES.get(module, module)
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark `stack` every test that starts the stack or a part of it: one whose fixture closure holds a
-    STACK_FIXTURES name, or one of STACK_TESTS. `make check` deselects them (`-m "not stack"`).
-
-    Under `--dist loadgroup` (`make test`) a worker runs whole groups: a module, or every module that uses one of
-    SHARED_SETUPS. Groups in LONG_FIRST go first."""
-    groups = {}
+    STACK_FIXTURES name, or one of STACK_TESTS. `make check` deselects them (`-m "not stack"`). Then put the
+    LONG_FIRST groups first (xdist hands out groups in this order)."""
     for item in items:
         if STACK_FIXTURES.intersection(item.fixturenames) or item.nodeid.startswith(STACK_TESTS):
             item.add_marker(pytest.mark.stack)
-        module = item.nodeid.split("::")[0]
-        groups[item] = next((SHARED_SETUPS[f] for f in sorted(SHARED_SETUPS) if f in item.fixturenames), module)
-    shared_modules = {item.nodeid.split("::")[0]: g for item, g in groups.items() if g in SHARED_SETUPS.values()}
-    for item in items:  # a module with one test on a shared set-up goes with it whole (its module fixtures run once)
-        groups[item] = shared_modules.get(item.nodeid.split("::")[0], groups[item])
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
+        for fixture in sorted(SHARED_SETUPS.keys() & set(item.fixturenames)):
+            if test_group(item.nodeid) != SHARED_SETUPS[fixture]:
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses the shared set-up `{fixture}`: list its module in tests/conftest.py "
+                    f"SHARED_MODULES as {SHARED_SETUPS[fixture]!r}, so that it runs on the xdist worker that has it")
     rank = {g: i for i, g in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: collection order within each rank
+    items.sort(key=lambda item: rank.get(test_group(item.nodeid), len(rank)))  # stable within a rank
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s xdist scheduler: a worker takes whole groups (test_group), in collection order. (xdist's own
+    `--dist loadgroup` marks cannot do it under pytest 9.2, whose node ids no longer come from `_nodeid`, the
+    attribute xdist 3.8 appends the group to.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    config.option.loadscopereorder = False  # keep LONG_FIRST's order, not xdist's by test count
+    return GroupScheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
