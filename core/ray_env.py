@@ -17,8 +17,9 @@ idle keep-alive connections with it, and a request that had received nothing yet
 (issue 52 §4; docs/OPERATIONS.md "A lost node under load"). HAProxy can send a request again only if it held all
 of it when it first connected, so it also waits for each request's body before connecting
 (`option http-buffer-request`; without it, a request whose body came after its headers, as the `openai` client
-sends them, was not retried: the node-loss test failed 2 requests that had received nothing, and a loopback copy of
-Ray's HAProxy set-up failed 0-3 per SIGKILLed backend, none in 5 runs with the option). Ray's config
+sends them, was not retried: the node-loss test failed 2 requests that had received nothing; a loopback copy of
+Ray's HAProxy 2.8 set-up, one of two backends SIGKILLed under 6 streams, failed 13 such requests in 5 runs with
+Ray's retry-on, 5 with `empty-response` added, none in 10 runs with the option too). Ray's config
 has no switch for that option and renders RAY_SERVE_HAPROXY_RETRY_ON verbatim into its `defaults` section, so the
 value carries the option as a second line (tests/stack/test_internals_stack.py renders Ray's real template with
 it). Ray leaves `empty-response` out because it can run a non-idempotent request twice; a chat or completion request
