@@ -1,13 +1,15 @@
 """Faults under a bounded loopback load (issue 21): each scenario `--rounds` times, one line per run.
 
     python -m pipelines.stack up node_cpus=1 gcs_redis=true --nodes 3    # three 1-CPU worker nodes, the GCS on Redis
-    python bench/bench_faults.py [--rounds 1] [--streams 6] [--only serve,batch,gcs] [--state-dir .rayline]
+    python bench/bench_faults.py [--rounds 1] [--streams 6] [--stream] [--only serve,batch,gcs] [--state-dir .rayline]
 
 Scenarios (each written once in tests/serve/, where the tests run them too):
   serve-node-loss  the `tiny` engine app (python -m pipelines.serve), one replica pinned to each worker node
                    (`node_labels`), `--streams` loopback streams of chat completions; worker-1 is SIGKILLed whole
                    (raylet, workers, engine: a lost machine) and a fresh worker-1 started, as KubeRay replaces a
-                   lost pod (serving.py `serve_node_loss`).
+                   lost pod (serving.py `serve_node_loss`). A request that had received no byte of an answer
+                   when the node went is sent again, on the other replica (core/ray_env.py); with `--stream` the
+                   answers are streamed, and a stream under way on the lost replica may fail.
   batch-node-loss  `python -m pipelines.batch_infer` of 800 prompts, one engine pinned to each worker node;
                    worker-1 lost 4 s into their work and replaced (batch_faults.py `batch_node_loss`).
   gcs-restart      the serving app on two of three worker nodes (the third: room for the rollout's new replicas),
@@ -38,11 +40,12 @@ SCENARIOS = ("serve", "batch", "gcs")
 
 def serve_line(s: dict, tag: str) -> str:
     capacity = s["full_capacity_s"]
-    return (f"serve-node-loss ({tag}): load {s['streams']} streams held, fault: worker node of one of 2 engine "
-            f"replicas SIGKILLed; requests {s['requests']}, failed {s['failed']} ({s['failed_in_flight_at_kill']} in "
-            f"flight on the lost replica, the rest sent to it before Serve marked it down at "
-            f"{s['replica_marked_down_s']} s); rows lost/duplicated: n/a; node back {s['node_rejoined_s']} s, full "
-            f"capacity " + (f"{capacity} s" if capacity is not None else "not reached"))
+    return (f"serve-node-loss ({tag}): load {s['streams']} {'streamed' if s['streamed'] else 'non-streamed'} "
+            f"streams held, fault: worker node of one of 2 engine replicas SIGKILLed; requests {s['requests']}, "
+            f"failed {s['failed']} ({s['failed_with_no_byte']} with no byte of an answer, "
+            f"{s['failed'] - s['failed_with_no_byte']} streams under way on the lost replica); Serve marked the "
+            f"replica down {s['replica_marked_down_s']} s after the kill; rows lost/duplicated: n/a; node back "
+            f"{s['node_rejoined_s']} s, full capacity " + (f"{capacity} s" if capacity is not None else "not reached"))
 
 
 def batch_line(s: dict, tag: str) -> str:
@@ -64,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--streams", type=int, default=6)
+    p.add_argument("--stream", action="store_true", help="serve-node-loss: stream each answer")
     p.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
     p.add_argument("--state-dir", default=None, help="the stack's state dir (default .rayline)")
     args = p.parse_args(argv)
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.serve.serving import serve_node_loss
 
     print(f"set-up: stack {cfg.state}, head + {cfg.nodes} worker nodes of {cfg.node_cpus} CPU, all on 127.0.0.1, GCS "
-          f"{'on Redis' if cfg.gcs_redis else 'in memory'}; {args.streams} streams; scenarios {only}; "
+          f"{'on Redis' if cfg.gcs_redis else 'in memory'}; {args.streams} streams{' (streamed)' if args.stream else ''}; scenarios {only}; "
           f"{args.rounds} round(s)", flush=True)
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.rounds):
             tag = f"round {i + 1}/{args.rounds}"
             if "serve" in only:
-                loss = serve_node_loss(cfg, model_dir, streams=args.streams)
+                loss = serve_node_loss(cfg, model_dir, streams=args.streams, stream=args.stream)
                 print(f"  replica events (s, replica, state): {loss.events}", flush=True)
                 lines.append(serve_line(loss.summary(), tag))
                 print(lines[-1], flush=True)

@@ -210,6 +210,9 @@ class Request:
     error: str = ""
     fingerprint: str = ""  # "<registered name>/<version>" of the engine that answered
     request_id: str = ""  # sent as `x-request-id`: Serve logs it with the replica that handled the request
+    answer_began: float | None = None
+    """A streamed request: when its answer began (a 200 status and headers came back, time.monotonic()); None: no
+    byte of an answer came (a connection error, an error status) or the request was not streamed."""
 
 
 class LoadThreads:
@@ -237,13 +240,16 @@ class ChatLoad(LoadThreads):
     until stopped; every request is recorded with its start and end (time.monotonic()) and outcome. With several
     base URLs (e.g. the proxies of several nodes) the streams take them in turn. With `pause_s`, each stream waits
     that long after each answer (a paced load that leaves the machine CPU for what else must run, e.g. a head
-    restarting, as it would on nodes of its own)."""
+    restarting, as it would on nodes of its own). With `stream`, each answer is streamed (`stream=True`): a request
+    records when its answer began (`Request.answer_began`) and is answered only if the stream ran to its finish
+    reason."""
 
-    def __init__(self, base_url: str | list[str], streams: int, max_tokens: int = 48, pause_s: float = 0.0):
+    def __init__(self, base_url: str | list[str], streams: int, max_tokens: int = 48, pause_s: float = 0.0,
+                 stream: bool = False):
         super().__init__(streams, self._stream, join_s=150)
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.clients = [openai_client(u) for u in urls]
-        self.max_tokens, self.pause_s = max_tokens, pause_s
+        self.max_tokens, self.pause_s, self.stream = max_tokens, pause_s, stream
         self.requests: list[Request] = []
         self._lock = threading.Lock()
 
@@ -251,16 +257,28 @@ class ChatLoad(LoadThreads):
         client = self.clients[i % len(self.clients)]
         while not self.stop.is_set():
             start, error, request_id = time.monotonic(), "", f"{REQUEST_ID_PREFIX}{uuid.uuid4().hex[:20]}"
+            began = None
             try:
                 r = client.chat.completions.create(
                     model="rayline", messages=[{"role": "user", "content": "Count: 1 2 3"}],
                     max_tokens=self.max_tokens, extra_body={"ignore_eos": True},
-                    extra_headers={"x-request-id": request_id})
-                ok, fingerprint = bool(r.choices[0].message.content), r.system_fingerprint or ""
+                    extra_headers={"x-request-id": request_id}, stream=self.stream)
+                if self.stream:  # create() returns once the 200 status and headers are in
+                    began, text, finish, fingerprint = time.monotonic(), "", None, ""
+                    with r:
+                        for chunk in r:
+                            fingerprint = chunk.system_fingerprint or fingerprint
+                            for choice in chunk.choices:
+                                text += choice.delta.content or ""
+                                finish = choice.finish_reason or finish
+                    ok = bool(text) and finish is not None
+                    error = "" if ok else f"the stream ended without its finish reason after {len(text)} chars"
+                else:
+                    ok, fingerprint = bool(r.choices[0].message.content), r.system_fingerprint or ""
             except Exception as e:
                 ok, error, fingerprint = False, f"{type(e).__name__}: {e}"[:300], ""
             with self._lock:
-                self.requests.append(Request(start, time.monotonic(), ok, error, fingerprint, request_id))
+                self.requests.append(Request(start, time.monotonic(), ok, error, fingerprint, request_id, began))
             if self.pause_s:
                 self.stop.wait(self.pause_s)
 
@@ -309,6 +327,7 @@ class NodeLoss:
     timeline_started: float = 0.0
     handled: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     """Request id -> [(replica log file, status)]: the replicas that finished it (`handled_by`)."""
+    streamed: bool = False
 
     @property
     def noticed_at(self) -> float | None:
@@ -321,10 +340,16 @@ class NodeLoss:
     def failed(self) -> list[Request]:
         return [r for r in self.requests if not r.ok]
 
+    @property
+    def failed_unanswered(self) -> list[Request]:
+        """Failed requests that had received no byte of an answer: another replica could have taken each."""
+        return [r for r in self.failed if r.answer_began is None]
+
     def summary(self) -> dict:
         return {
-            "streams": self.streams, "requests": len(self.requests), "failed": len(self.failed),
-            "failed_in_flight_at_kill": sum(r.start < self.killed_at for r in self.failed),
+            "streams": self.streams, "streamed": self.streamed, "requests": len(self.requests),
+            "failed": len(self.failed), "failed_in_flight_at_kill": sum(r.start < self.killed_at for r in self.failed),
+            "failed_with_no_byte": len(self.failed_unanswered),
             "replica_marked_down_s": None if self.noticed_at is None else round(self.noticed_at - self.killed_at, 1),
             "node_rejoined_s": round(self.joined_at - self.killed_at, 1),
             "full_capacity_s": None if self.recovered_at is None else round(self.recovered_at - self.killed_at, 1),
@@ -334,11 +359,12 @@ class NodeLoss:
 
 
 def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float = 8.0,
-                    recover_limit_s: float = 300.0) -> NodeLoss:
+                    recover_limit_s: float = 300.0, stream: bool = False) -> NodeLoss:
     """Deploy the tiny model with `python -m pipelines.serve`, two replicas pinned to worker-1 and worker-2 of the
-    stack `cfg` (1-CPU nodes: one replica each); put `streams` loopback streams on it; after `warm_s` lose worker-1
-    (`stack_faults.kill_node`) and bring a fresh one back (`stack.up(parts=["nodes"])`, as KubeRay replaces a pod);
-    wait until two replicas serve again with the lost one gone, keep the load `warm_s` more, and remove the app."""
+    stack `cfg` (1-CPU nodes: one replica each); put `streams` loopback streams on it (each answer streamed with
+    `stream`); after `warm_s` lose worker-1 (`stack_faults.kill_node`) and bring a fresh one back
+    (`stack.up(parts=["nodes"])`, as KubeRay replaces a pod); wait until two replicas serve again with the lost one
+    gone, keep the load `warm_s` more, and remove the app."""
     from stack import faults as stack_faults, lifecycle as stack
     from serve.promotion.deploy_target import LocalServe
 
@@ -351,7 +377,7 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
         deploy(on_worker_nodes({**serve_config_dict(NODE_LOSS_APP, NODE_LOSS_PREFIX, NODE_LOSS_MODEL), "access_log": True,
                                 "runtime_env": {"env_vars": {"RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1"}}}))
         before = node_ids_by_label(cfg)
-        load = ChatLoad(f"http://127.0.0.1:{cfg.serve_port}{NODE_LOSS_PREFIX}/v1", streams)
+        load = ChatLoad(f"http://127.0.0.1:{cfg.serve_port}{NODE_LOSS_PREFIX}/v1", streams, stream=stream)
         with ReplicaTimeline(target) as timeline:
             if not timeline.wait_for(lambda t: t.running == 2, 240):
                 raise RuntimeError(f"the two replicas did not start: {timeline.events}")
@@ -369,7 +395,8 @@ def serve_node_loss(cfg, model_dir: str | Path, streams: int = 6, warm_s: float 
                 replaced = dict(timeline.nodes)
                 time.sleep(warm_s)  # the replaced pair under the same load
         loss = NodeLoss(streams, sorted(load.requests, key=lambda r: r.start), killed_at, joined_at, recovered_at,
-                        before, node_ids_by_label(cfg), placed, replaced, gone, list(timeline.events), timeline.started)
+                        before, node_ids_by_label(cfg), placed, replaced, gone, list(timeline.events), timeline.started,
+                        streamed=stream)
     finally:
         target.delete()
     # Read once the replicas have stopped: a replica's access lines may be buffered until then.

