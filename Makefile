@@ -15,10 +15,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 demo: install system-deps
 	$(PY) -m pipelines.demo
 
-# Two pytest-xdist workers, each on a test stack of its own, each taking whole modules (tests/conftest.py TEST_STACKS,
-# pytest_xdist_make_scheduler): the suite mostly waits
-# (canary windows, drains, engine starts), so two halves overlap well on two cores. TEST_WORKERS=0 runs it in one.
-TEST_WORKERS ?= 2
+# With 4 or more cores, two pytest-xdist workers, each on a test stack of its own and taking whole modules
+# (tests/conftest.py TEST_STACKS, pytest_xdist_make_scheduler). On 2 cores one process: the suite is CPU-bound there,
+# and two workers took as long (46 min, each test about 1.9x slower). TEST_WORKERS=2 or 0 overrides.
+TEST_WORKERS ?= $(shell [ "$$(nproc)" -ge 4 ] && echo 2 || echo 0)
 test: install system-deps
 	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
