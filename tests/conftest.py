@@ -110,7 +110,7 @@ def test_group(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(config, items):
     """Mark `stack` every test that starts the stack or a part of it: one whose fixture closure holds a
-    STACK_FIXTURES name, or one of STACK_TESTS. `make check` deselects them (`-m "not stack"`). Then put the
+    STACK_FIXTURES name, or one of STACK_TESTS. `make check` deselects them (`-m "not stack"`). Under xdist, put the
     LONG_FIRST groups first (xdist hands out groups in this order)."""
     for item in items:
         if STACK_FIXTURES.intersection(item.fixturenames) or item.nodeid.startswith(STACK_TESTS):
@@ -120,8 +120,11 @@ def pytest_collection_modifyitems(config, items):
                 raise pytest.UsageError(
                     f"{item.nodeid} uses the shared set-up `{fixture}`: list its module in tests/conftest.py "
                     f"SHARED_MODULES as {SHARED_SETUPS[fixture]!r}, so that it runs on the xdist worker that has it")
-    rank = {g: i for i, g in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(test_group(item.nodeid), len(rank)))  # stable within a rank
+    # One process keeps collection order: the app `served` deploys stays up to the session's end, holding a CPU, and
+    # the posttrain stages, which collection runs before it, waited for that CPU when run after it.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {g: i for i, g in enumerate(LONG_FIRST)}
+        items.sort(key=lambda item: rank.get(test_group(item.nodeid), len(rank)))  # stable within a rank
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
