@@ -206,7 +206,7 @@ def observe(name: str, value: float, **tags) -> None:
 
 def report_interval_s() -> float:
     """This process's metrics report interval: RAY_metrics_report_interval_ms, which rayline sets on the processes
-    that flush (train/trainer.py `worker_env`, serve/online/app.py REPLICA_METRICS_ENV), else Ray's default, 10 s."""
+    that flush (train/trainer.py `worker_env`, serve/online/served_model.py REPLICA_METRICS_ENV), else Ray's default, 10 s."""
     return int(os.environ.get("RAY_metrics_report_interval_ms", RAY_DEFAULT_REPORT_INTERVAL_MS)) / 1000
 
 

@@ -46,8 +46,9 @@ def main(cfg: Config, dashboard_url: str = "", timeout_s: float = 900.0) -> Serv
     served = resolve_served_model(cfg.engine.model, cfg.model_cache_dir or None)
     adapters = resolve_served_adapters(cfg, served) if cfg.lora.slots else None
     target = LocalServe(cfg.app_name, dashboard_url)
-    before = served_model_of(target.current() or {})
-    target.apply(render_serve_config(cfg, served, adapters))
+    running = target.current()
+    before = served_model_of(running or {})
+    target.apply(render_serve_config(cfg, served, adapters, running=running))
     with ResourceWatch("serve", max_wait_s=cfg.max_wait_s, name_prefix=f"{SERVE_REPLICA_PREFIX}{cfg.app_name}#",
                        address=dashboard_url or None):
         healthy = wait_until_healthy(target.state, served, timeout_s, fail_fast=False, applied_at=start)

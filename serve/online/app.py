@@ -4,8 +4,11 @@
     build_app(args)                   -> the Serve Application (`import_path: serve.online.app:build_app`)
 
 The rendered dict is what `serve deploy` reads, what the dashboard's `PUT /api/serve/applications/`
-takes and what a RayService carries as `serveConfigV2`. Its `args` hold the whole serving config and
-the model version it was pinned to, so the builder needs nothing else.
+takes and what a RayService carries as `serveConfigV2`. Its `args` hold the whole serving config and the version the
+app was built with, so the builder needs nothing else. A pinned config also names the version its replicas serve in
+the engine deployment's (and a separate ingress's) `ray_actor_options` (env var `RAYLINE_SERVED_MODEL`): a new version
+of an app whose serving config is unchanged keeps the running app's `args`, so Serve skips its build task (a process
+that imports vLLM) and only restarts the replicas, which take the version from that variable (`served_model_of`).
 
 Which version answers: every non-streamed response and the last chunk of a stream carry
 `system_fingerprint = "<registered name>/<version>"` (vLLM's custom fingerprint, set per engine, so it
@@ -18,44 +21,17 @@ replicas that serve the routes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
 from pathlib import Path
 from typing import Any
 
-from core import metrics, registry, storage
+from core import registry, storage
 from core.config import from_dict, to_dict
 from serve.online import engine
 from serve.online.serve_config import Config
+from serve.online.served_model import SERVED_MODEL_ENV, ServedModel, replica_env_vars
 
 BUILDER = "serve.online.app:build_app"
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """The checkpoint a deployment loads and the registry version it is."""
-
-    source: str
-    """What the replicas load: a local checkpoint directory, or an s3:// URI each node downloads."""
-    ref: str
-    """The pinned reference (`models:/name/N`), or the path/URI itself."""
-    name: str | None = None
-    version: str | None = None
-    alias: str | None = None
-    """The alias that selected this version, when one did."""
-    digest: str | None = None
-    """sha256 digest of the files the gate approved (core/weights_manifest.py): each replica loads nothing else."""
-
-    @property
-    def label(self) -> str:
-        """What responses report as the serving version: `name/N`, else the reference."""
-        return f"{self.name}/{self.version}" if self.name and self.version else self.ref
-
-    def to_args(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_args(cls, data: dict[str, Any]) -> "ServedModel":
-        return cls(**{k: data.get(k) for k in ("source", "ref", "name", "version", "alias", "digest")})
 
 
 def resolve_served_model(ref: str, cache_dir: str | Path | None = None, alias: str | None = None) -> ServedModel:
@@ -119,29 +95,73 @@ def adapters_of(app_config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def application_args(cfg: Config, model: ServedModel | None) -> dict[str, Any]:
-    """The builder's `args`: the serving config, and the pinned model (None: resolve `engine.model` at build time)."""
+    """The builder's `args`: the serving config, and the model to build with (None: resolve `engine.model` at build
+    time). The replicas serve the version in their actor options where the config pins one (`served_model_of`)."""
     return {"config": to_dict(cfg), "model": model.to_args() if model else None}
 
 
+def _built_args(cfg: Config, model: ServedModel | None, running: dict[str, Any] | None) -> dict[str, Any]:
+    """The `args` to deploy: the running app's, where it was built by this builder from the same serving config and
+    runtime_env (Serve then reuses its build: same code version), else new ones built with `model`."""
+    args = application_args(cfg, model)
+    if running and model is not None and running.get("import_path") == BUILDER \
+            and (running.get("args") or {}).get("config") == args["config"] \
+            and (running.get("runtime_env") or {}) == (cfg.runtime_env or {}):
+        return running["args"]
+    return args
+
+
+# What Ray Serve LLM's builder adds to the engine replicas' runtime_env (LLMServer.get_deployment_options, with
+# RAYLLM_ENABLE_WORKER_PROCESS_SETUP_HOOK at its default): the actor options rendered below replace the built ones
+# whole, so they carry it too. Guarded by tests/serve/test_app.py::test_rendered_actor_options_are_the_builders.
+RAY_LLM_SETUP_HOOK = {"worker_process_setup_hook": "ray.llm._internal.serve._worker_process_setup_hook"}
+
+
+def _actor_options(cfg: Config, model: ServedModel) -> dict[str, dict[str, Any]]:
+    """Deployment name -> the `ray_actor_options` that pin `model` on its replicas: the builder's own options (the
+    app's runtime_env is merged in by Serve), plus SERVED_MODEL_ENV. Options Serve applies without a build task; a
+    changed value restarts the replicas as a rolling update, as a new code version would."""
+    served = {SERVED_MODEL_ENV: model.to_env()}
+    out = {engine_deployment_name(cfg): {"num_cpus": 0, "runtime_env": {
+        **RAY_LLM_SETUP_HOOK, "env_vars": {**replica_env_vars(cfg, model, {}), **served}}}}
+    if cfg.ingress != "engine":
+        out[INGRESS_DEPLOYMENT] = {**ingress_actor_options(cfg), "runtime_env": {"env_vars": served}}
+    return out
+
+
+def ingress_actor_options(cfg: Config) -> dict[str, Any]:
+    """The separate ingress's `ray_actor_options` as built (`ingress: deployment`)."""
+    return {"num_cpus": cfg.ingress_cpus}
+
+
 def render_serve_config(cfg: Config, model: ServedModel | None = None,
-                        adapters: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                        adapters: dict[str, dict[str, Any]] | None = None,
+                        running: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `serve deploy` config (ServeDeploySchema) of this app; also a RayService's serveConfigV2.
 
-    With `model` the app is pinned to that version; without (offline rendering, e.g. a RayService
-    manifest) the builder resolves `cfg.engine.model` when the cluster builds the app. With LoRA on, the engine
-    deployment's `user_config` holds the adapter set: `adapters` (pinned, resolve_served_adapters) or, without,
-    cfg.lora.adapters' references, which each replica resolves itself. Serve hands a changed `user_config` to the
-    running replicas (`reconfigure`) without restarting them, since it is not part of the code version.
+    With `model` the app is pinned to that version (in its replicas' actor options); without (offline rendering, e.g.
+    a RayService manifest) the builder resolves `cfg.engine.model` when the cluster builds the app. `running`: the
+    app's config as deployed now, whose `args` are kept where the serving config is the same, so that a new version
+    deploys without a build task. With LoRA on, the engine deployment's `user_config` holds the adapter set:
+    `adapters` (pinned, resolve_served_adapters) or, without, cfg.lora.adapters' references, which each replica
+    resolves itself. Serve hands a changed `user_config` to the running replicas (`reconfigure`) without restarting
+    them, since it is not part of the code version.
     """
     app: dict[str, Any] = {
         "name": cfg.app_name,
         "route_prefix": cfg.route_prefix,
         "import_path": BUILDER,
-        "args": application_args(cfg, model),
+        "args": _built_args(cfg, model, running),
     }
+    deployments: dict[str, dict[str, Any]] = {}
+    for name, options in (_actor_options(cfg, model) if model is not None else {}).items():
+        deployments[name] = {"name": name, "ray_actor_options": options}
     if cfg.lora.slots:
         pinned = adapters if adapters is not None else {name: {"ref": ref} for name, ref in cfg.lora.adapters.items()}
-        app["deployments"] = [{"name": engine_deployment_name(cfg), "user_config": {"adapters": pinned}}]
+        name = engine_deployment_name(cfg)
+        deployments[name] = {**deployments.get(name, {"name": name}), "user_config": {"adapters": pinned}}
+    if deployments:
+        app["deployments"] = list(deployments.values())
     if cfg.runtime_env:
         app["runtime_env"] = cfg.runtime_env
     if not cfg.access_log:
@@ -149,67 +169,33 @@ def render_serve_config(cfg: Config, model: ServedModel | None = None,
     return {"http_options": {"host": cfg.http_host, "port": cfg.resolved_http_port()}, "applications": [app]}
 
 
+def _pinned_env(app_config: dict[str, Any]) -> str | None:
+    """SERVED_MODEL_ENV in the engine deployment's actor options of a deployed app config, if set."""
+    for d in app_config.get("deployments") or []:
+        if str(d.get("name", "")).startswith("LLMServer:"):
+            env = ((d.get("ray_actor_options") or {}).get("runtime_env") or {}).get("env_vars") or {}
+            return env.get(SERVED_MODEL_ENV)
+    return None
+
+
 def served_model_of(app_config: dict[str, Any]) -> ServedModel | None:
-    """The pinned model in a deployed application config (as rendered here), or None."""
-    model = (app_config.get("args") or {}).get("model")
+    """The version a deployed application config (as rendered here) has its replicas serve, or None (unpinned): the
+    one in the engine replicas' actor options, else (a config rendered before they carried it) the builder's."""
+    pinned = _pinned_env(app_config)
+    model = json.loads(pinned) if pinned else (app_config.get("args") or {}).get("model")
     return ServedModel.from_args(model) if model else None
 
 
-# vLLM configures logging with `logging.config.dictConfig` when imported, which closes every handler of the process,
-# Serve's replica log handler included (its target becomes None). A replica then cannot be recovered by a Serve
-# controller that restarted (after a GCS or head restart): the controller's `is_allocated()` call reads that
-# handler's file and raises, and Serve replaces the replica (measured: both replicas of an app stopped and
-# restarted, ~35 s without capacity). vLLM's own log lines go through a plain handler instead (serve.online.llm_hooks).
-REPLICA_LOGGING_ENV = {"VLLM_CONFIGURE_LOGGING": "0"}
-# A canary step is judged on the replicas' metrics as Prometheus stores them (serve/promotion/canary_metrics.py): reported every
-# 2 s instead of Ray's 10, a step's figures are in Prometheus a few seconds after it, not ~15.
-REPLICA_METRICS_ENV = {"RAY_metrics_report_interval_ms": str(metrics.REPORT_INTERVAL_MS)}
+def pin_model(app_config: dict[str, Any], model: ServedModel) -> dict[str, Any]:
+    """A deployed app config (as rendered here) with its replicas pinned to `model` (a rollback's restore of a config
+    deployed unpinned), its `args` and every other deployment option as they were."""
+    cfg = from_dict(Config, (app_config.get("args") or {}).get("config") or {}, source="serve application args.config")
+    deployments = {d.get("name"): dict(d) for d in app_config.get("deployments") or []}
+    for name, options in _actor_options(cfg, model).items():
+        deployments[name] = {**deployments.get(name, {"name": name}), "ray_actor_options": options}
+    return {**app_config, "deployments": list(deployments.values())}
 
 
-def _llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
-    from ray.serve.llm import LLMConfig
-
-    from serve.online.llm_hooks import EngineStartCallback
-
-    engine_kwargs = {
-        **cfg.lora.engine_kwargs(),
-        **engine.vllm_engine_kwargs(cfg.engine),
-        # vLLM frontend options (Ray routes them to the OpenAI layer): stamp the version on responses.
-        "fingerprint_mode": "custom",
-        "fingerprint_value": model.label,
-    }
-    # LLMConfig.runtime_env replaces the app's env_vars wholesale, so carry the app's own along.
-    env_vars = {**base_env, **engine.runtime_env(cfg.engine).get("env_vars", {}), "RAYLINE_MODEL_VERSION": model.label,
-                **REPLICA_LOGGING_ENV, **REPLICA_METRICS_ENV}
-    experimental = {}
-    if cfg.stream_batching_interval_ms is not None:
-        experimental["stream_batching_interval_ms"] = cfg.stream_batching_interval_ms
-    # A checkpoint already on this filesystem: skip Ray's per-node download tasks (tens of seconds).
-    callback = {"local_checkpoint": not storage.is_remote(model.source)}
-    return LLMConfig(
-        model_loading_config={"model_id": cfg.served_model_id, "model_source": model.source},
-        engine_kwargs=engine_kwargs,
-        accelerator_config={"kind": cfg.engine.accelerator},
-        accelerator_type=cfg.engine.accelerator_type,
-        placement_group_config=engine.placement_group_config(cfg.engine),
-        runtime_env={"env_vars": env_vars},
-        experimental_configs=experimental,
-        log_engine_metrics=cfg.log_engine_metrics,
-        deployment_config={
-            "autoscaling_config": cfg.autoscaling.to_serve(),
-            "max_ongoing_requests": cfg.max_ongoing_requests,
-            "max_surge_percent": cfg.max_surge_percent,
-            "health_check_period_s": cfg.health_check_period_s,
-            "health_check_timeout_s": cfg.health_check_timeout_s,
-            "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
-            **cfg.routing.to_serve(),  # the engine replicas' request router (serve/online/routing_config.py)
-            # The replica actor adds nothing to the engine's bundle: the engine's CPUs are the replica's.
-            "ray_actor_options": {"num_cpus": 0},
-            # One selector: Serve applies it to every bundle of the replica's placement group.
-            **({"placement_group_bundle_label_selector": [dict(cfg.node_labels)]} if cfg.node_labels else {}),
-        },
-        callback_config={"callback_class": EngineStartCallback, "callback_kwargs": callback},
-    )
 
 
 def build_app(args: dict[str, Any]):
@@ -219,16 +205,17 @@ def build_app(args: dict[str, Any]):
     from ray import serve
     from ray.serve.llm import build_llm_deployment
 
-    from serve.online.llm_hooks import RaylineServer, openai_ingress_app
+    from serve.online.llm_hooks import RaylineServer, build_llm_config, openai_ingress_app
 
     cfg = from_dict(Config, args.get("config") or {}, source="serve application args.config")
     model = ServedModel.from_args(args["model"]) if args.get("model") else resolve_served_model(
         cfg.engine.model, cfg.model_cache_dir or None
     )
     base_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
-    llm = _llm_config(cfg, model, base_env)
+    llm = build_llm_config(cfg, model, base_env)
     rayline = {**model.to_args(), "label": model.label}
-    server = {"rayline": rayline, "request_metrics": cfg.request_metrics, "model_cache_dir": cfg.model_cache_dir,
+    server = {"rayline": rayline, "serving_config": to_dict(cfg),
+              "request_metrics": cfg.request_metrics, "model_cache_dir": cfg.model_cache_dir,
               "max_lora_rank": cfg.lora.max_lora_rank,
               "auth": cfg.auth if cfg.ingress == "engine" else None}  # keys are checked where the routes are served
     # The engine replicas are RaylineServer either way; with `ingress: engine` they serve the routes themselves.
@@ -238,5 +225,5 @@ def build_app(args: dict[str, Any]):
         return engine
     return openai_ingress_app(llm, engine, {"num_replicas": cfg.ingress_replicas,
                                             "max_surge_percent": cfg.max_surge_percent,
-                                            "ray_actor_options": {"num_cpus": cfg.ingress_cpus}},
+                                            "ray_actor_options": ingress_actor_options(cfg)},
                               rayline=rayline, request_metrics=cfg.request_metrics, auth=cfg.auth)

@@ -16,9 +16,12 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard, Op
 from ray.serve.llm import LLMServer
 from ray.serve.llm.ingress import OpenAiIngress
 
-from core import metrics
+from core import metrics, storage
+from serve.online import engine
 from serve.online.api_auth import ApiAuth, Gate
 from serve.online.engine import apply_engine_core_start
+from serve.online.serve_config import Config
+from serve.online.served_model import ServedModel, replica_env_vars, served_from_env
 
 
 def public_version(spec: dict[str, Any]) -> dict[str, Any]:
@@ -102,14 +105,18 @@ class RaylineServer(LLMServer):
     """The engine replica as the app's ingress: it serves vLLM's own OpenAI app in-process (Ray builds it in
     `__serve_build_asgi_app__`, as its direct-streaming layout does), plus the served version in the model cards.
 
-    `rayline` (bound at build time) is the pinned model: {name, version, alias, source, ref, label}; `auth` the
-    serving config's AuthConfig when this replica serves the routes (`ingress: engine`), else None.
+    `rayline` (bound at build time) is the model the app was built with: {name, version, alias, source, ref, label},
+    replaced by the version the replica's actor options pin (serve/online/app.py SERVED_MODEL_ENV) where they pin
+    another, together with the LLMConfig built from `serving_config` for it; `auth` the serving config's AuthConfig
+    when this replica serves the routes (`ingress: engine`), else None.
     """
 
-    async def __init__(self, llm_config, *, rayline: dict[str, Any] | None = None, request_metrics: bool = True,
+    async def __init__(self, llm_config, *, rayline: dict[str, Any] | None = None,
+                       serving_config: dict[str, Any] | None = None, request_metrics: bool = True,
                        model_cache_dir: str = "", max_lora_rank: int = 16, auth=None, **kwargs):
         # Before the engine starts: a replica that cannot check keys fails in a second, not after loading a model.
         self._gate = Gate.from_config(auth) if auth is not None else None
+        llm_config, rayline = repinned(llm_config, rayline, serving_config)
         self._rayline = dict(rayline or {})
         self._request_metrics = request_metrics
         if self._rayline:  # the bytes the gate approved, or no engine at all
@@ -156,6 +163,27 @@ class RaylineServer(LLMServer):
         add_version_to_model_routes(app, self._model_id, self._rayline, self._adapters)
         return add_rayline_middleware(app, self._model_id, self._rayline, self._canary,
                                       self._request_metrics, self._gate)
+
+
+def served_spec(rayline: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The served version as replicas hold it ({name, version, alias, source, ref, digest, label}): the one this
+    replica's actor options pin (SERVED_MODEL_ENV), else `rayline` as bound at build time."""
+    model = served_from_env()
+    return {**model.to_args(), "label": model.label} if model else rayline
+
+
+def repinned(llm_config, rayline: dict[str, Any] | None, serving_config: dict[str, Any] | None):
+    """(LLMConfig, rayline) for the version this replica's actor options pin: as bound where that is the version the
+    app was built with, else built again for it from the serving config, as the builder built the bound one (the
+    app's env_vars being those the bound config carries)."""
+    spec = served_spec(rayline)
+    if spec == rayline or serving_config is None:
+        return llm_config, rayline
+    from core.config import from_dict
+
+    cfg = from_dict(Config, serving_config, source="serve deployment serving_config")
+    base_env = dict((llm_config.runtime_env or {}).get("env_vars") or {})
+    return build_llm_config(cfg, ServedModel.from_args(spec), base_env), spec
 
 
 def add_rayline_middleware(app, model_id: str, rayline: dict[str, Any], canary, request_metrics: bool, gate):
@@ -212,8 +240,8 @@ class RaylineIngress(OpenAiIngress):
     app's whole adapter set, serve/online/served_adapters.py, so requests need no multiplexed routing and no adapter is
     loaded through Ray's own LoRA loader).
 
-    `rayline` (bound at build time) is the pinned model: {name, version, alias, source, ref, label}; it
-    appears as `metadata.rayline` of the model card.
+    `rayline` (bound at build time) is the model the app was built with, replaced by the version the replica's actor
+    options pin (`served_spec`); it appears as `metadata.rayline` of the model card.
     """
 
     def __init__(self, llm_deployments, model_cards, *, rayline: dict[str, Any] | None = None,
@@ -223,7 +251,7 @@ class RaylineIngress(OpenAiIngress):
         super().__init__(llm_deployments, model_cards, **kwargs)
         from serve.online.canary_split import CanaryState
 
-        self._rayline = dict(rayline or {})
+        self._rayline = dict(served_spec(rayline) or {})
         self._request_metrics = request_metrics
         (self._model_id,) = model_cards  # rayline's app serves one model
         # Kept here from the arguments, not read back from the parent's private attributes.
@@ -320,8 +348,8 @@ def keep_requested_executor_backend() -> None:
 
 
 def vllm_logs_to_stderr() -> None:
-    """vLLM's INFO lines to the replica's stderr through one plain handler, where VLLM_CONFIGURE_LOGGING=0 (serve/online/app.py
-    REPLICA_LOGGING_ENV) kept vLLM from configuring logging itself (and closing Serve's handlers)."""
+    """vLLM's INFO lines to the replica's stderr through one plain handler, where VLLM_CONFIGURE_LOGGING=0 (
+    REPLICA_LOGGING_ENV, serve/online/served_model.py) kept vLLM from configuring logging itself (and closing Serve's handlers)."""
     import logging
     import sys
 
@@ -345,3 +373,47 @@ class EngineStartCallback(CallbackBase):
         apply_engine_core_start()
         if self.kwargs.get("local_checkpoint"):
             self.ctx.run_init_node = False
+
+
+def build_llm_config(cfg: Config, model: ServedModel, base_env: dict[str, str]):
+    """Ray Serve LLM's LLMConfig of the engine replicas serving `model` (imports ray.serve.llm, so vLLM)."""
+    from ray.serve.llm import LLMConfig
+
+    engine_kwargs = {
+        **cfg.lora.engine_kwargs(),
+        **engine.vllm_engine_kwargs(cfg.engine),
+        # vLLM frontend options (Ray routes them to the OpenAI layer): stamp the version on responses.
+        "fingerprint_mode": "custom",
+        "fingerprint_value": model.label,
+    }
+    # LLMConfig.runtime_env replaces the app's env_vars wholesale, so carry the app's own along.
+    env_vars = replica_env_vars(cfg, model, base_env)
+    experimental = {}
+    if cfg.stream_batching_interval_ms is not None:
+        experimental["stream_batching_interval_ms"] = cfg.stream_batching_interval_ms
+    # A checkpoint already on this filesystem: skip Ray's per-node download tasks (tens of seconds).
+    callback = {"local_checkpoint": not storage.is_remote(model.source)}
+    return LLMConfig(
+        model_loading_config={"model_id": cfg.served_model_id, "model_source": model.source},
+        engine_kwargs=engine_kwargs,
+        accelerator_config={"kind": cfg.engine.accelerator},
+        accelerator_type=cfg.engine.accelerator_type,
+        placement_group_config=engine.placement_group_config(cfg.engine),
+        runtime_env={"env_vars": env_vars},
+        experimental_configs=experimental,
+        log_engine_metrics=cfg.log_engine_metrics,
+        deployment_config={
+            "autoscaling_config": cfg.autoscaling.to_serve(),
+            "max_ongoing_requests": cfg.max_ongoing_requests,
+            "max_surge_percent": cfg.max_surge_percent,
+            "health_check_period_s": cfg.health_check_period_s,
+            "health_check_timeout_s": cfg.health_check_timeout_s,
+            "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
+            **cfg.routing.to_serve(),  # the engine replicas' request router (serve/online/routing_config.py)
+            # The replica actor adds nothing to the engine's bundle: the engine's CPUs are the replica's.
+            "ray_actor_options": {"num_cpus": 0},
+            # One selector: Serve applies it to every bundle of the replica's placement group.
+            **({"placement_group_bundle_label_selector": [dict(cfg.node_labels)]} if cfg.node_labels else {}),
+        },
+        callback_config={"callback_class": EngineStartCallback, "callback_kwargs": callback},
+    )

@@ -332,7 +332,7 @@ class Canary:
         r, name, version = self.r, served.name or self.r.name, served.version or ""
         registry.set_alias(name, r.cfg.alias, version)
         registry.delete_alias(name, self.cfg.alias)
-        rendered = render_serve_config(r.serve_cfg, served, r.adapters_for_base)
+        rendered = render_serve_config(r.serve_cfg, served, r.adapters_for_base, running=champion_app)
         mlflow.log_dict(rendered, "serve_config.json")
         outcome = r.deploy_and_verify(rendered, served)
         if not outcome.ok:

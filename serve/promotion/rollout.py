@@ -28,8 +28,8 @@ from serve.promotion import rollout_record as rec
 from serve.promotion.canary import Canary
 from serve.promotion.outcome import DEPLOYED, ERROR, REJECTED, ROLLED_BACK, SKIPPED, UNCHANGED, RolloutResult
 from serve.online.adapters import resolve_adapter
-from serve.online.app import (ServedModel, adapters_of, render_serve_config, resolve_served_adapters, resolve_served_model,
-                       served_model_of)
+from serve.online.app import (ServedModel, adapters_of, pin_model, render_serve_config, resolve_served_adapters,
+                              resolve_served_model, served_model_of)
 from serve.promotion.deploy_target import DeployError, KubeRayService, LocalServe
 from serve.promotion.gate import evidence_problems, gate_problems
 from serve.promotion.rollout_config import Config
@@ -160,12 +160,12 @@ class Rollout:
         """The app config serving `served`: pinned to it (with the adapters the gate pinned onto it), or (an
         adapter) the running app with it swapped in."""
         if not self.cfg.adapter:
-            return render_serve_config(self.serve_cfg, served, self.adapters_for_base)
+            return render_serve_config(self.serve_cfg, served, self.adapters_for_base, running=previous_app)
         adapters = {**adapters_of(previous_app), self.cfg.adapter: {
             "ref": served.ref, "source": served.source, "name": served.name, "version": served.version,
             "digest": served.digest,
             "label": served.label}}
-        return render_serve_config(self.serve_cfg, served_model_of(previous_app), adapters)
+        return render_serve_config(self.serve_cfg, served_model_of(previous_app), adapters, running=previous_app)
 
     def gate(self, name: str, version: str, tags: dict[str, str]) -> tuple[ServedModel | None, list[str]]:
         """Resolve the version's checkpoint and run the gate; (served model, reasons to refuse)."""
@@ -284,7 +284,7 @@ class Rollout:
         except (LookupError, OSError, ValueError, MlflowException) as e:
             log.warning("rolling back to the unpinned config as it was: %s cannot be resolved (%s)", ref, e)
             return app_config
-        return {**app_config, "args": {**(app_config.get("args") or {}), "model": model.to_args()}}
+        return pin_model(app_config, model)
 
     def roll_back(self, previous_app: dict | None, previous: ServedModel | None, http_options: dict | None) -> str:
         """Put the previous app config back and wait until it answers again; returns what happened."""

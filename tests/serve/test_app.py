@@ -53,9 +53,9 @@ def test_cpu_placement_is_fractional_and_fits_a_rolling_update_on_two_cores(cfg)
 @pytest.mark.slow  # imports vLLM through ray.serve.llm
 def test_llm_config_on_cpu_and_gpu(cfg):
     pytest.importorskip("vllm")
-    from serve.online.app import _llm_config
+    from serve.online.llm_hooks import build_llm_config as llm_config
 
-    llm = _llm_config(cfg, PINNED, {"FROM_APP": "1"})
+    llm = llm_config(cfg, PINNED, {"FROM_APP": "1"})
     assert llm.accelerator_config.kind == "cpu" and llm.accelerator_type is None
     assert llm.placement_group_config == {"bundles": [{"CPU": 0.5}], "strategy": "PACK"}
     assert llm.engine_kwargs["fingerprint_value"] == "rayline-tiny/3"
@@ -71,14 +71,14 @@ def test_llm_config_on_cpu_and_gpu(cfg):
     # node_labels: Serve's bundle label selector on the engine replica's placement group, checked by Serve itself.
     from ray import serve
 
-    pinned = _llm_config(replace(cfg, node_labels={"rayline.io/node": "in(worker-1,worker-2)"}), PINNED, {})
+    pinned = llm_config(replace(cfg, node_labels={"rayline.io/node": "in(worker-1,worker-2)"}), PINNED, {})
     options = pinned.deployment_config
     assert options["placement_group_bundle_label_selector"] == [{"rayline.io/node": "in(worker-1,worker-2)"}]
     serve.deployment(lambda: None).options(placement_group_bundles=[{"CPU": 0.5}], **options)
 
     gpu = load_config(Config, "configs/serve/gpu_example.yaml")
     remote = ServedModel(source="s3://bucket/ckpt", ref="models:/rayline-small/2", name="rayline-small", version="2")
-    llm = _llm_config(gpu, remote, {})
+    llm = llm_config(gpu, remote, {})
     assert llm.accelerator_config.kind == "gpu" and llm.accelerator_type == "L4"
     assert llm.placement_group_config == {"bundles": [{"CPU": 2.0, "GPU": 1.0}] * 2, "strategy": "STRICT_PACK"}
     assert llm.engine_kwargs["tensor_parallel_size"] == 2
@@ -127,7 +127,47 @@ def test_adapters_go_in_the_engine_deployment_s_user_config(cfg):
     assert adapters_of(app) == pinned and "adapters" not in str(app["args"]["model"])
     # One batch slot beyond the adapters, twice them in CPU memory: a new version loads beside the old one.
     assert lora.lora.engine_kwargs() == {"enable_lora": True, "max_lora_rank": 16, "max_loras": 4, "max_cpu_loras": 7}
-    assert cfg.lora.engine_kwargs() == {} and "deployments" not in render_serve_config(cfg, PINNED)["applications"][0]
+    assert cfg.lora.engine_kwargs() == {} and "deployments" not in render_serve_config(cfg)["applications"][0]
+    (engine,) = render_serve_config(cfg, PINNED)["applications"][0]["deployments"]  # the version only
+    assert set(engine) == {"name", "ray_actor_options"}
+
+
+V4 = ServedModel(source="/ckpt/v4", ref="models:/rayline-tiny/4", name="rayline-tiny", version="4", alias="champion")
+
+
+def test_a_new_version_of_the_same_config_keeps_the_running_build(cfg):
+    """A rollout's render with the running app: same `args` (Serve reuses the build, no build task), the new version in
+    the replicas' actor options only; the same version again renders the running config itself (nothing restarts)."""
+    running = render_serve_config(cfg, PINNED)["applications"][0]
+    new = render_serve_config(cfg, V4, running=running)["applications"][0]
+    assert new["args"] == running["args"] and served_model_of(running) == PINNED
+    assert served_model_of(new) == V4  # what verify and the next rollout read
+    ServeDeploySchema.model_validate({"applications": [new]})
+    (before,), (after,) = running["deployments"], new["deployments"]
+    env_before, env_after = before["ray_actor_options"]["runtime_env"]["env_vars"], after["ray_actor_options"]["runtime_env"]["env_vars"]
+    changed = {k for k in env_before.keys() | env_after.keys() if env_before.get(k) != env_after.get(k)}
+    assert changed == {"RAYLINE_SERVED_MODEL", "RAYLINE_MODEL_VERSION"}
+    assert render_serve_config(cfg, PINNED, running=running)["applications"][0] == running
+    # A changed serving config is a new build, with the new version.
+    longer = replace(cfg, engine=replace(cfg.engine, max_model_len=256))
+    rebuilt = render_serve_config(longer, V4, running=running)["applications"][0]
+    assert rebuilt["args"] == application_args(longer, V4) and served_model_of(rebuilt) == V4
+
+
+def test_the_separate_ingress_is_pinned_too(cfg):
+    """`ingress: deployment`: its replicas name the version (model cards, metric labels), so they restart with it."""
+    from serve.online.app import INGRESS_DEPLOYMENT, pin_model
+
+    split = replace(cfg, ingress="deployment")
+    app = render_serve_config(split, PINNED)["applications"][0]
+    ingress = next(d for d in app["deployments"] if d["name"] == INGRESS_DEPLOYMENT)
+    assert ingress["ray_actor_options"] == {"num_cpus": split.ingress_cpus, "runtime_env": {
+        "env_vars": {"RAYLINE_SERVED_MODEL": PINNED.to_env()}}}
+    # A rollback's restore of an unpinned config pins the version where the render would, args untouched.
+    unpinned = render_serve_config(split)["applications"][0]
+    restored = pin_model(unpinned, V4)
+    assert restored["args"] == unpinned["args"] and served_model_of(restored) == V4
+    assert restored["deployments"] == render_serve_config(split, V4)["applications"][0]["deployments"]
 
 
 @pytest.mark.parametrize("lora, extra, field", [

@@ -1,5 +1,5 @@
 """Guards for the private Ray Serve LLM, Ray Data and vLLM internals that serve/ relies on (docs/INTERNALS.md, rows
-S1-S22).
+S1-S23).
 
 Each test imports the private thing and checks the shape the shipped code uses: the attribute exists, takes the
 arguments rayline passes, and gives back what rayline reads. No engine, replica or cluster starts; the cost is the
@@ -158,6 +158,37 @@ def test_rayline_server_and_ingress_overrides_match_rays_classes():
     assert inspect.iscoroutinefunction(OpenAiIngress._get_model_id) and params(OpenAiIngress._get_model_id) == ["model"]
     for name in ("model", "models"):
         assert inspect.iscoroutinefunction(getattr(OpenAiIngress, name)), name
+
+
+def test_rendered_actor_options_are_the_builders(monkeypatch):
+    """S23, serve/online/app.py `_actor_options` / `RAY_LLM_SETUP_HOOK`: the engine replicas' actor options a pinned
+    config renders (which replace the built ones whole) are what Ray's builder gives them
+    (`LLMServer.get_deployment_options`, in the build task whose runtime_env is the app's), once Serve has merged the
+    app's runtime_env in (`override_deployment_info`), plus the pinned version; and the hook they name exists."""
+    import importlib
+
+    import ray
+    from ray.llm._internal.serve.constants import ENABLE_WORKER_PROCESS_SETUP_HOOK
+    from ray.serve._private.utils import override_runtime_envs_except_env_vars
+
+    from core.config import load_config
+    from serve.online.app import RAY_LLM_SETUP_HOOK, SERVED_MODEL_ENV, ServedModel, _actor_options, engine_deployment_name
+    from serve.online.llm_hooks import RaylineServer, build_llm_config
+    from serve.online.serve_config import Config
+
+    monkeypatch.setenv("RAYLINE_SERVE_URL", "http://127.0.0.1:8123")
+    cfg = load_config(Config, "configs/serve/tiny_cpu.yaml")
+    model = ServedModel(source="/ckpt/v3", ref="models:/m/3", name="m", version="3")
+    app_env = {"env_vars": {"FROM_APP": "1"}, "pip": ["x"]}
+    # The build task's runtime context (a Ray worker running the app's runtime_env), without starting Ray here.
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(runtime_env=dict(app_env)))
+    built = RaylineServer.get_deployment_options(build_llm_config(cfg, model, app_env["env_vars"]))["ray_actor_options"]
+    ours = _actor_options(cfg, model)[engine_deployment_name(cfg)]
+    merged = {**ours, "runtime_env": override_runtime_envs_except_env_vars(app_env, ours["runtime_env"])}
+    assert merged["runtime_env"]["env_vars"].pop(SERVED_MODEL_ENV) == model.to_env()
+    assert ENABLE_WORKER_PROCESS_SETUP_HOOK and merged == built
+    module, _, name = RAY_LLM_SETUP_HOOK["worker_process_setup_hook"].rpartition(".")
+    assert callable(getattr(importlib.import_module(module), name))
 
 
 def test_openai_ingress_app_helpers():

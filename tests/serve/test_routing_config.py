@@ -60,10 +60,11 @@ def test_the_option_travels_in_the_rendered_app_and_so_in_a_rayservice():
 
 @pytest.mark.slow  # imports vLLM through ray.serve.llm
 def test_the_engine_deployment_gets_the_router():
-    from serve.online.app import ServedModel, _llm_config
+    from serve.online.app import ServedModel
+    from serve.online.llm_hooks import build_llm_config as llm_config
 
     pinned = ServedModel(source="/ckpt/v3", ref="models:/rayline-tiny/3", name="rayline-tiny", version="3")
     cfg = load_config(Config, "configs/serve/tiny_cpu.yaml", PREFIX)
-    assert _llm_config(cfg, pinned, {}).deployment_config["request_router_config"]["request_router_class"] == PREFIX_ROUTER
+    assert llm_config(cfg, pinned, {}).deployment_config["request_router_config"]["request_router_class"] == PREFIX_ROUTER
     default = replace(cfg, routing=RoutingConfig(), ingress="engine")
-    assert "request_router_config" not in _llm_config(default, pinned, {}).deployment_config
+    assert "request_router_config" not in llm_config(default, pinned, {}).deployment_config

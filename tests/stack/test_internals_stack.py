@@ -110,7 +110,7 @@ def test_alive_nodes_reads_rays_state_api_route():
 
 
 def test_metrics_flush_reads_rays_report_interval():
-    """P11, core/metrics.py `report_interval_s` (and train/trainer.py `worker_env`, serve/online/app.py
+    """P11, core/metrics.py `report_interval_s` (and train/trainer.py `worker_env`, serve/online/served_model.py
     REPLICA_METRICS_ENV, which set it): RAY_metrics_report_interval_ms in the environment sets Ray's report interval
     (ray._raylet.Config reads it), and Ray's default is the one `report_interval_s` assumes without it."""
     out = run_python("""
