@@ -7,7 +7,7 @@ Scenarios (each written once in tests/serve/, where the tests run them too):
   serve-node-loss  the `tiny` engine app (python -m pipelines.serve), one replica pinned to each worker node
                    (`node_labels`), `--streams` loopback streams of chat completions; worker-1 is SIGKILLed whole
                    (raylet, workers, engine: a lost machine) and a fresh worker-1 started, as KubeRay replaces a
-                   lost pod (serving.py `serve_node_loss`). A request that had received no byte of an answer
+                   lost pod (tests/serve/serve_faults.py `serve_node_loss`). A request that had received no byte of an answer
                    when the node went is sent again, on the other replica (core/ray_env.py); with `--stream` the
                    answers are streamed, and a stream under way on the lost replica may fail.
   batch-node-loss  `python -m pipelines.batch_infer` of 800 prompts, one engine pinned to each worker node;
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(stack.env_vars(cfg))
     from tests.serve.batch_faults import batch_node_loss
     from tests.serve.gcs_faults import serve_gcs_restart
-    from tests.serve.serving import serve_node_loss
+    from tests.serve.serve_faults import serve_node_loss
 
     print(f"set-up: stack {cfg.state}, head + {cfg.nodes} worker nodes of {cfg.node_cpus} CPU, all on 127.0.0.1, GCS "
           f"{'on Redis' if cfg.gcs_redis else 'in memory'}; {args.streams} streams{' (streamed)' if args.stream else ''}; scenarios {only}; "

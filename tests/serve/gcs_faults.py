@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tests.serve.serving import (ChatLoad, ReplicaTimeline, Request, deploy, node_ids_by_label, on_worker_nodes,
-                                 register_fresh, serve_config_dict)
+from tests.serve.serving import deploy, node_ids_by_label, on_worker_nodes, register_fresh, serve_config_dict
+from tests.serve.load import ChatLoad, ReplicaTimeline, Request
 
 GCS_APP, GCS_PREFIX, GCS_MODEL = "rayline-test-gcs", "/gcs-test", "rayline-gcs-test"
 

@@ -44,7 +44,8 @@ from serve.promotion.rollout import Rollout
 from serve.promotion.rollout_config import Config as RolloutConfig
 from serve.online.serve_config import Config as ServeConfig
 from tests.serve.foreign_proxy import ForeignServeProxy, haproxy_fallbacks
-from tests.serve.serving import LoadThreads, free_port, openai_client, register_fresh, serve_config_dict
+from tests.serve.serving import free_port, openai_client, register_fresh, serve_config_dict
+from tests.serve.load import LoadThreads
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 

@@ -5,7 +5,7 @@ scenario pins its two engines to them with `node_labels`, one per node, SIGKILLs
 engine: a lost machine), and starts a fresh worker-1, as KubeRay replaces a lost pod. The serving load streams its
 answers, so that a request whose answer had begun (a stream under way, which nothing can move to another replica)
 is told from one that had received nothing (which HAProxy sends again, on another replica: core/ray_env.py). The
-scenarios are written once (tests/serve/serving.py `serve_node_loss`, tests/serve/batch_faults.py `batch_node_loss`), and
+scenarios are written once (tests/serve/serve_faults.py `serve_node_loss`, tests/serve/batch_faults.py `batch_node_loss`), and
 bench/bench_faults.py runs them too. Real parts: `python -m pipelines.serve` and `pipelines.batch_infer`, vLLM
 engines on CPU, Ray's GCS noticing the node is gone, Serve's controller, Ray Data's actor pool, the `openai`
 client over HTTP, output on the stack's S3 (Swift). The figures are printed.
@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 
 from tests.serve.batch_faults import batch_node_loss
-from tests.serve.serving import serve_node_loss
+from tests.serve.serve_faults import serve_node_loss
 
 STREAMS = 6
 

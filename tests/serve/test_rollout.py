@@ -30,7 +30,8 @@ from serve.promotion.outcome import DEPLOYED, REJECTED, ROLLED_BACK
 from serve.promotion.rollout import Rollout
 from serve.promotion.rollout_config import Config as RolloutConfig
 from serve.promotion.rollout_phases import phases_of
-from tests.serve.serving import LoadThreads, openai_client, register_fresh, serve_config_dict, serving_keys
+from tests.serve.serving import openai_client, register_fresh, serve_config_dict, serving_keys
+from tests.serve.load import LoadThreads
 
 # The module's app is started in the first test's setup, which pytest-timeout counts against that test;
 # on a busy 2-core box one engine start alone can take minutes.
@@ -134,8 +135,18 @@ def alias_version() -> str:
     return str(registry.get_alias(MODEL, "champion").version)
 
 
-def test_promote_under_load_switches_to_v2_without_a_failed_request(setup):
+def builds_of(stack_cfg, app: str) -> int:
+    """How often Serve's controller has built `app` on the stack: its log line for each build task it starts."""
+    line = f"Importing and building app '{app}'."
+    return sum(log.read_text(errors="replace").count(line)
+               for log in Path(stack_cfg.ray_temp_dir).glob("session_*/logs/serve/controller_*.log"))
+
+
+def test_promote_under_load_switches_to_v2_without_a_failed_request(setup, local_stack):
     v1, v2 = f"{MODEL}/1", f"{MODEL}/2"
+    app = setup["rollout"].serve_cfg.app_name
+    builds = builds_of(local_stack, app)
+    assert builds >= 1  # v1's deploy built the app
     with Load(setup["base_url"]) as load:
         time.sleep(3)
         promoted_at = time.time()
@@ -165,6 +176,8 @@ def test_promote_under_load_switches_to_v2_without_a_failed_request(setup):
     assert list(phases) == ["gate", "apply", "build", "replica_start", "healthy", "verify", "record"], phases
     assert phases == pytest.approx(result.phases) and min(phases.values()) >= 0
     assert sum(phases.values()) == pytest.approx(run.data.metrics["duration_s"], abs=0.01)
+    # The same serving config: Serve reused v1's build (the version is in the replicas' actor options, not in `args`).
+    assert builds_of(local_stack, app) == builds
     # Nothing to do when the alias already points at what is served.
     assert setup["rollout"].once("test:again").status == "unchanged"
 
@@ -209,7 +222,9 @@ class PinnedVersions(LoadThreads):
             time.sleep(0.25)
 
 
-def test_broken_checkpoint_rolls_back_while_serving_continues(setup):
+def test_broken_checkpoint_rolls_back_while_serving_continues(setup, local_stack):
+    app = setup["rollout"].serve_cfg.app_name
+    builds = builds_of(local_stack, app)
     with Load(setup["base_url"], clients=2) as load, PinnedVersions(setup["rollout"].target) as pinned:
         registry.set_alias(MODEL, "champion", "3")
         result = setup["rollout"].once("test:broken")
@@ -235,6 +250,8 @@ def test_broken_checkpoint_rolls_back_while_serving_continues(setup):
     phases = phases_of(run.data.metrics)
     assert "rollback" in phases and "verify" not in phases and list(phases)[-1] == "record", phases
     assert sum(phases.values()) == pytest.approx(run.data.metrics["duration_s"], abs=0.01)
+    # Neither the failed deploy nor the restore built the app again (the same serving config throughout).
+    assert builds_of(local_stack, app) == builds
 
 
 def served_fingerprint(setup) -> str:

@@ -25,7 +25,8 @@ from core.config import from_dict
 from stack.ray_autoscaler import AUTOSCALED_LABEL
 from serve.promotion.deploy_target import LocalServe
 from tests.conftest import replica_ports
-from tests.serve.serving import ChatLoad, ReplicaTimeline, deploy, register_fresh, serve_config_dict
+from tests.serve.serving import deploy, register_fresh, serve_config_dict
+from tests.serve.load import ChatLoad, ReplicaTimeline
 
 APP, PREFIX, MODEL = "rayline-test-autoscale", "/autoscale-test", "rayline-autoscale-test"
 AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
