@@ -17,6 +17,7 @@ and `ray.available_resources()`; two reads are private and listed in docs/INTERN
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -241,6 +242,13 @@ class ResourceWatch:
         import ray
 
         self._job = None if self.name_prefix else ray.get_runtime_context().get_job_id()
+        self._sigint = None  # the SIGINT disposition to put back on exit, where the watch replaced it
+        if self.max_wait_s and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+            # Python handles no SIGINT here (a process a shell started in the background, `cmd &`, inherits SIGINT
+            # ignored), and `interrupt_main` does nothing then: the block would wait on past max_wait_s. Python's
+            # own handler for the block's time, the previous disposition back on exit.
+            self._sigint = signal.signal(signal.SIGINT, signal.default_int_handler) or signal.SIG_DFL
         self._stop = threading.Event()
         self._inside = threading.Lock()  # held by the watcher while it interrupts: never once the block has left
         self._thread = threading.Thread(target=self._watch, name=f"{self.stage}-resource-watch", daemon=True)
@@ -258,6 +266,8 @@ class ResourceWatch:
             except KeyboardInterrupt:
                 pass
         self._thread.join(timeout=self.poll_s + 15)
+        if self._sigint is not None:
+            signal.signal(signal.SIGINT, self._sigint)
         if self._failed is not None:
             raise ResourceWaitTimeout(self._failed.message()) from None
         return False
