@@ -1,7 +1,7 @@
 """Prefix-aware routing (issue 50 section 3): Ray Serve LLM's prefix-cache-affinity router against Serve's default power
 of two, two engine replicas, under chat loads with and without long shared system prompts.
 
-    python -m pipelines.stack up --nodes 2       # two worker nodes: one engine replica on each
+    python -m pipelines.stack up --nodes 4       # four 1-CPU worker nodes: one engine replica on each
     python bench/bench_routing.py [--requests 128] [--concurrency 16] [--system-prompts 8] [--system-words 300]
                                   [--max-tokens 32] [--rounds 2]
 
@@ -35,15 +35,31 @@ sys.path.insert(0, str(ROOT))
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
 from bench.serve_load import LoadResult, combine, percentile  # noqa: E402
 from bench.serve_servers import RaylineApp, replica_engine, small_model, use_local_stack  # noqa: E402
+from core.node_labels import NODE_LABEL  # noqa: E402
 from stack.sample_corpus import WORDS  # noqa: E402
 from serve.online.app import engine_deployment_name  # noqa: E402
 
+# Each app's two replicas on two worker nodes of their own (1-CPU nodes, 1-CPU engines: one replica a node), so both
+# sides run the same placement; the router is all that differs.
 SIDES = {"prefix": {"app_name": "rayline-bench-prefix", "route_prefix": "/bench-prefix",
-                    "routing": {"policy": "prefix_cache_affinity"}},
-         "p2c": {"app_name": "rayline-bench-p2c", "route_prefix": "/bench-p2c", "routing": {"policy": "power_of_two"}}}
+                    "routing": {"policy": "prefix_cache_affinity"}, "node_labels": {NODE_LABEL: "in(worker-1,worker-2)"}},
+         "p2c": {"app_name": "rayline-bench-p2c", "route_prefix": "/bench-p2c", "routing": {"policy": "power_of_two"},
+                 "node_labels": {NODE_LABEL: "in(worker-3,worker-4)"}}}
+WORKERS = ["worker-1", "worker-2", "worker-3", "worker-4"]
 TWO_REPLICAS = {"ingress": "deployment", "autoscaling": {"min_replicas": 2, "max_replicas": 2},
                 "ingress_cpus": 0.1, "stream_batching_interval_ms": 0.0}
 MUST_MATCH = ["engine replicas", "engine", "load"]
+
+
+def require_workers(labels: list[str]) -> None:
+    """Exit with one line unless the local stack has these worker nodes (their `rayline.io/node` labels)."""
+    from stack import lifecycle as stack
+
+    found = stack.node_ids(stack.load_stack_config(None, []))
+    missing = [label for label in labels if label not in found]
+    if missing:
+        raise SystemExit(f"the stack lacks worker nodes {', '.join(missing)}: `python -m pipelines.stack up --nodes "
+                         f"{len(labels)}` (one engine replica per 1-CPU node, two per app)")
 
 
 def chats(n: int, prompts: int, words: int, shared: bool, seed: int = 0) -> list[list[dict]]:
@@ -120,11 +136,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--work-dir", default=str(Path.home() / ".cache" / "rayline" / "bench"))
     args = p.parse_args(argv)
     use_local_stack()
+    require_workers(WORKERS)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     model_dir, engine_cfg = small_model(work)
-    # Four engines (two apps x two replicas) at 0.4 CPU each fit a 2-CPU head too; on `--nodes 2` they spread.
-    engine_cfg = replace(engine_cfg, cpus_per_engine=0.4)
+    engine_cfg = replace(engine_cfg, cpus_per_engine=1.0)  # a whole worker node: one replica each
     key = os.environ.get("OPENAI_API_KEY", "")
     loads = {name: chats(args.requests, args.system_prompts, args.system_words, name == "shared")
              for name in ("shared", "unique")}
@@ -146,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
             app.stop()
     print(f"\n{args.rounds} rounds per app and load, A-B, B-A; {args.requests} chats of {args.max_tokens} tokens from "
           f"{args.concurrency} clients; system prompts of {args.system_words} words, {args.system_prompts} shared or "
-          f"each its own; {time.strftime('%Y-%m-%d %H:%M:%S')}; the machine is shared with other agents")
+          f"each its own; {time.strftime('%Y-%m-%d %H:%M:%S')}; load average {os.getloadavg()[0]:.1f}")
     lines = []
     for load in loads:
         print_setups({f"{side} ({load})": setups[(side, load)] for side in SIDES}, f"{load} prompts")

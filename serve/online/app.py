@@ -205,7 +205,8 @@ def build_app(args: dict[str, Any]):
     from ray import serve
     from ray.serve.llm import build_llm_deployment
 
-    from serve.online.llm_hooks import RaylineServer, build_llm_config, openai_ingress_app
+    from serve.online.engine_start import build_llm_config
+    from serve.online.llm_hooks import RaylineServer, openai_ingress_app
 
     cfg = from_dict(Config, args.get("config") or {}, source="serve application args.config")
     model = ServedModel.from_args(args["model"]) if args.get("model") else resolve_served_model(

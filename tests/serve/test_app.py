@@ -53,7 +53,7 @@ def test_cpu_placement_is_fractional_and_fits_a_rolling_update_on_two_cores(cfg)
 @pytest.mark.slow  # imports vLLM through ray.serve.llm
 def test_llm_config_on_cpu_and_gpu(cfg):
     pytest.importorskip("vllm")
-    from serve.online.llm_hooks import build_llm_config as llm_config
+    from serve.online.engine_start import build_llm_config as llm_config
 
     llm = llm_config(cfg, PINNED, {"FROM_APP": "1"})
     assert llm.accelerator_config.kind == "cpu" and llm.accelerator_type is None

@@ -67,14 +67,14 @@ def test_adapter_set_reads_rays_engine_and_vllms_model_registry():
 
 
 def test_engine_start_callback_fits_rays_callback_base(monkeypatch):
-    """S3, serve/online/llm_hooks.py `EngineStartCallback`: ray.llm._internal's CallbackBase takes the callback kwargs as
+    """S3, serve/online/engine_start.py `EngineStartCallback`: ray.llm._internal's CallbackBase takes the callback kwargs as
     `self.kwargs`, its ctx's `run_init_node` (True by default) skips the per-node download when False, and Ray's
     VLLMEngine calls `on_before_node_init` and reads `ctx.run_init_node` after it."""
     from ray.llm._internal.common.callbacks.base import CallbackBase
     from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
     from ray.llm._internal.serve.engines.vllm.vllm_models import VLLMEngineConfig
 
-    from serve.online.llm_hooks import EngineStartCallback
+    from serve.online.engine_start import EngineStartCallback
 
     # What the hook changes process-wide, restored after the test.
     monkeypatch.setattr(VLLMEngineConfig, "get_initialization_kwargs", VLLMEngineConfig.get_initialization_kwargs)
@@ -173,7 +173,8 @@ def test_rendered_actor_options_are_the_builders(monkeypatch):
 
     from core.config import load_config
     from serve.online.app import RAY_LLM_SETUP_HOOK, SERVED_MODEL_ENV, ServedModel, _actor_options, engine_deployment_name
-    from serve.online.llm_hooks import RaylineServer, build_llm_config
+    from serve.online.engine_start import build_llm_config
+    from serve.online.llm_hooks import RaylineServer
     from serve.online.serve_config import Config
 
     monkeypatch.setenv("RAYLINE_SERVE_URL", "http://127.0.0.1:8123")

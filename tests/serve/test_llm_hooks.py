@@ -66,7 +66,7 @@ def test_the_replica_keeps_the_executor_the_engine_kwargs_ask_for(monkeypatch):
     from ray.llm._internal.serve.engines.vllm.vllm_models import VLLMEngineConfig
     from ray.serve.llm import LLMConfig
 
-    from serve.online.llm_hooks import keep_requested_executor_backend
+    from serve.online.engine_start import keep_requested_executor_backend
 
     # Restored after the test: the hook patches Ray's class for the whole (replica) process.
     monkeypatch.setattr(VLLMEngineConfig, "get_initialization_kwargs", VLLMEngineConfig.get_initialization_kwargs)

@@ -61,7 +61,7 @@ def test_the_option_travels_in_the_rendered_app_and_so_in_a_rayservice():
 @pytest.mark.slow  # imports vLLM through ray.serve.llm
 def test_the_engine_deployment_gets_the_router():
     from serve.online.app import ServedModel
-    from serve.online.llm_hooks import build_llm_config as llm_config
+    from serve.online.engine_start import build_llm_config as llm_config
 
     pinned = ServedModel(source="/ckpt/v3", ref="models:/rayline-tiny/3", name="rayline-tiny", version="3")
     cfg = load_config(Config, "configs/serve/tiny_cpu.yaml", PREFIX)
