@@ -326,8 +326,9 @@ def checked_digest(uri: str, mv=None) -> str:
 
 def check_pinned_bytes(pinned: dict[str, Any]) -> str:
     """In a serving replica, before its engine loads anything: the files at `pinned["source"]` must hash to the
-    digest the rollout's gate approved (`pinned["digest"]`, set in the app's args). Returns the digest; raises
-    `ManifestMismatch` naming the changed, added or missing file otherwise, so the replica never starts on them."""
+    digest the rollout's gate approved (`pinned["digest"]`, pinned with the version the replicas serve,
+    serve/online/served_model.py). Returns the digest; raises `ManifestMismatch` naming the changed, added or missing
+    file otherwise, so the replica never starts on them."""
     from core import weights_manifest
 
     label = pinned.get("label") or pinned.get("ref") or pinned.get("source")
