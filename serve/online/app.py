@@ -113,7 +113,7 @@ def _built_args(cfg: Config, model: ServedModel | None, running: dict[str, Any] 
 
 # What Ray Serve LLM's builder adds to the engine replicas' runtime_env (LLMServer.get_deployment_options, with
 # RAYLLM_ENABLE_WORKER_PROCESS_SETUP_HOOK at its default): the actor options rendered below replace the built ones
-# whole, so they carry it too. Guarded by tests/serve/test_app.py::test_rendered_actor_options_are_the_builders.
+# whole, so they carry it too. Guarded by tests/serve/test_internals_serve.py::test_rendered_actor_options_are_the_builders.
 RAY_LLM_SETUP_HOOK = {"worker_process_setup_hook": "ray.llm._internal.serve._worker_process_setup_hook"}
 
 
