@@ -13,7 +13,8 @@
    `GRPOTrainer` as a user would run it on this CPU (its own generation with transformers: TRL 1.16 supports vLLM
    up to 0.31, this venv has 0.32), both on the same warm tiny policy (stack/warm_policy.py), the same reward
    (posttrain/grpo/rewards.exact_answer), group size, prompts per step, completion length, learning rate, beta 0 and
-   steps; start-up (engines, model loads) is left out of both.
+   steps; start-up (engines, model loads) and the first step (warm-up: the reward tasks' workers start) are left
+   out of both.
 
 Each part prints both set-ups and ends with `rayline vs <baseline>: <ratio>x`. Needs Ray (a local instance is started
 on the machine's CPUs) and `pip install trl` (the dev extra). The machine may be shared: say so beside any figure.
@@ -22,6 +23,7 @@ on the machine's CPUs) and `pip install trl` (the dev extra). The machine may be
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -104,7 +106,7 @@ def sync_part(cfg: GrpoConfig, sizes: list[str], work: Path, rounds: int) -> Non
     print(f"\n## 2. weight sync: in place vs a checkpoint written and a new engine started on it ({rounds} rounds)")
     for size in sizes:
         model_dir = build_tiny_model(work / f"sync-{size}", size)
-        engine_cfg = load_config(type(cfg.engine), None, [f"model={model_dir}", *engine_overrides(cfg)])
+        engine_cfg = dataclasses.replace(cfg.engine, model=str(model_dir))  # the GRPO config's engine, this model
         pool = RolloutPool(str(model_dir), engine_cfg, 1)
         (policy,) = policy_group(str(model_dir), 1, cfg.policy.cpus_per_worker, cfg.policy.threads, 1e-4, 0.0, 0.2,
                                  0.0, 0)
@@ -119,23 +121,19 @@ def sync_part(cfg: GrpoConfig, sizes: list[str], work: Path, rounds: int) -> Non
 
             weights = {k: torch.from_numpy(v) for k, v in ray.get(policy.full_weights.remote()).items()}
             out = write_hf_checkpoint(weights, str(model_dir), work / f"ckpt-{size}-{i}", torch.float32, {})
+            # The naive way replaces the engine: the old one goes first (its CPUs), a new one starts on the checkpoint,
+            # and the next round's in-place update goes into that one.
+            ray.kill(pool.actors[0], no_restart=True)
             fresh = rollout_actor(str(out), engine_cfg)
             ray.get(fresh.pid.remote())
             naive.append(time.perf_counter() - start)
-            ray.kill(fresh)
+            pool.actors[0] = fresh
         params = sum(v.size for v in ray.get(policy.full_weights.remote()).values())
         print(f"{size} model ({params / 1e6:.1f}M parameters): in place {statistics.median(in_place):.2f} s, "
               f"checkpoint + new engine {statistics.median(naive):.2f} s per update")
         print(f"rayline vs checkpoint round trip ({size}): {statistics.median(naive) / statistics.median(in_place):.1f}x")
         ray.kill(pool.actors[0])
         ray.kill(policy)
-
-
-def engine_overrides(cfg: GrpoConfig) -> list[str]:
-    e = cfg.engine
-    return [f"max_model_len={e.max_model_len}", f"max_num_seqs={e.max_num_seqs}", f"dtype={e.dtype}",
-            f"enforce_eager={str(e.enforce_eager).lower()}", f"kv_cache_memory_bytes={e.kv_cache_memory_bytes}",
-            f"cpus_per_engine={e.cpus_per_engine}", *[f"env_vars.{k}={v}" for k, v in e.env_vars.items()]]
 
 
 def rayline_grpo(cfg: GrpoConfig, model_dir: Path, prompts_path: Path, work: Path) -> tuple[float, dict]:
@@ -146,8 +144,12 @@ def rayline_grpo(cfg: GrpoConfig, model_dir: Path, prompts_path: Path, work: Pat
 
     prompts = load_prompts(str(prompts_path), AutoTokenizer.from_pretrained(model_dir))
     res = loop.run(cfg, str(model_dir), prompts, work / f"rayline-grpo-{time.time_ns()}")
-    seconds = sum(m.step_s for m in res.history)
-    return res.steps / seconds, {"generation": "vLLM engine in a Ray actor (uni executor)",
+    steady = res.history[1:] or res.history  # the first step starts the reward tasks' workers: warm-up, left out
+    seconds = sum(m.step_s for m in steady)
+    for m in res.history:  # where a step's time went (the loop's own figures)
+        print(f"rayline step {m.step}: {m.step_s:.2f} s (weight sync {m.weight_sync_s:.2f} s, reward wait "
+              f"{m.reward_wait_s:.2f} s, rollout {m.rollout_tokens_per_s:.0f} tok/s)", flush=True)
+    return len(steady) / seconds, {"generation": "vLLM engine in a Ray actor (uni executor)",
                                  "policy": "FSDP2 actor (gloo)", "reward": cfg.reward.name,
                                  "rewards last step": round(res.history[-1].reward_mean, 3)}
 
@@ -189,7 +191,9 @@ def trl_grpo(cfg: GrpoConfig, model_dir: Path, prompts_path: Path, work: Path) -
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                           processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[StepClock()])
     trainer.train()
-    return len(times) / sum(times), {"generation": "transformers generate (TRL's default)",
+    steady = times[1:] or times  # the first step, warm-up, left out as on rayline's side
+    print(f"trl steps: {', '.join(f'{t:.2f} s' for t in times)}", flush=True)
+    return len(steady) / sum(steady), {"generation": "transformers generate (TRL's default)",
                                      "policy": "one process (torch)", "reward": "exact_answer",
                                      "torch threads": torch.get_num_threads()}
 
@@ -205,7 +209,7 @@ def grpo_part(cfg: GrpoConfig, model_dir: Path, work: Path, steps: int) -> None:
     ours_rate, ours = rayline_grpo(cfg, model_dir, prompts_path, work)
     trl_rate, theirs = trl_grpo(cfg, model_dir, prompts_path, work)
     setups = {"rayline": {**common, **ours}, "trl GRPOTrainer": {**common, **theirs}}
-    print(f"\n## 3. GRPO steps/s ({steps} steps, start-up left out)")
+    print(f"\n## 3. GRPO steps/s ({steps} steps; start-up and the first step, warm-up, left out of both)")
     print_setups(setups)
     print(f"rayline: {ours_rate:.3f} steps/s; trl GRPOTrainer: {trl_rate:.3f} steps/s")
     print(ratio_line("trl GRPOTrainer", ours_rate / trl_rate, setups["rayline"], setups["trl GRPOTrainer"],

@@ -1,20 +1,24 @@
 """Prefix-aware routing (issue 50 section 3): Ray Serve LLM's prefix-cache-affinity router against Serve's default power
 of two, two engine replicas, under chat loads with and without long shared system prompts.
 
-    python -m pipelines.stack up --nodes 4       # four 1-CPU worker nodes: one engine replica on each
-    python bench/bench_routing.py [--requests 128] [--concurrency 16] [--system-prompts 8] [--system-words 300]
-                                  [--max-tokens 32] [--rounds 2]
+    python -m pipelines.stack up --nodes 2       # two 1-CPU worker nodes: one engine replica on each
+    python bench/bench_routing.py [--requests 480] [--concurrency 16] [--system-prompts 96] [--system-words 300]
+                                  [--kv-cache-mib 128] [--max-tokens 32] [--rounds 2]
 
-Two apps of the `small` model (bench/serve_servers.py), each `ingress: deployment` with two engine replicas, deployed
-side by side on routes of their own and loaded in alternating rounds (A-B, B-A), one app at a time:
+Two apps of the `small` model (bench/serve_servers.py), each `ingress: deployment` with two engine replicas on the
+same two worker nodes (one replica a node), deployed one at a time in alternating rounds (A-B, B-A): each round
+deploys a side afresh (cold caches on both sides), runs both loads on it and deletes it:
   prefix  routing.policy prefix_cache_affinity (serve/online/routing_config.py)
   p2c     routing.policy power_of_two (Serve's default)
 Two loads, the same seeded requests for both apps: `shared`: each chat opens with one of --system-prompts long system
-prompts (--system-words words) and asks a short question; `unique`: each chat's system prompt is its own. Streamed chat
-completions of exactly --max-tokens tokens; reported: TTFT p50/p99 and output tokens/s over the rounds. Each side's
-router is read back from the running deployment (Serve's REST API), its engines' settings from a replica. The last lines:
-`rayline vs p2c` TTFT p50 (lower is better) and throughput, per load. Targets: TTFT p50 >= 1.3x lower with shared
-prompts; no throughput loss without them.
+prompts (--system-words words) and asks a short question; `unique`: each chat's system prompt is its own. The shared
+prompts are sized to need more KV cache than one replica has (--kv-cache-mib on both sides; the set-up prints the
+tokens each prompt and the cache hold) and less than two have: under power of two every replica sees every prompt
+and evicts them, under affinity each keeps its half. Streamed chat completions of exactly --max-tokens tokens;
+reported: TTFT p50/p99 and output tokens/s over the rounds. Each side's router is read back from the running
+deployment (Serve's REST API), its engines' settings from a replica. The last lines: `rayline vs p2c` TTFT p50
+(lower is better) and throughput, per load. Targets: TTFT p50 >= 1.3x lower with shared prompts; no throughput loss
+without them.
 """
 
 from __future__ import annotations
@@ -39,13 +43,14 @@ from core.node_labels import NODE_LABEL  # noqa: E402
 from stack.sample_corpus import WORDS  # noqa: E402
 from serve.online.app import engine_deployment_name  # noqa: E402
 
-# Each app's two replicas on two worker nodes of their own (1-CPU nodes, 1-CPU engines: one replica a node), so both
-# sides run the same placement; the router is all that differs.
+# Each app's two replicas on the same two worker nodes (1-CPU nodes, 1-CPU engines: one replica a node), one app at a
+# time, so both sides run the same placement with nothing else on those nodes; the router is all that differs.
+WORKERS = ["worker-1", "worker-2"]
+ON_WORKERS = {NODE_LABEL: f"in({','.join(WORKERS)})"}
 SIDES = {"prefix": {"app_name": "rayline-bench-prefix", "route_prefix": "/bench-prefix",
-                    "routing": {"policy": "prefix_cache_affinity"}, "node_labels": {NODE_LABEL: "in(worker-1,worker-2)"}},
+                    "routing": {"policy": "prefix_cache_affinity"}, "node_labels": ON_WORKERS},
          "p2c": {"app_name": "rayline-bench-p2c", "route_prefix": "/bench-p2c", "routing": {"policy": "power_of_two"},
-                 "node_labels": {NODE_LABEL: "in(worker-3,worker-4)"}}}
-WORKERS = ["worker-1", "worker-2", "worker-3", "worker-4"]
+                 "node_labels": ON_WORKERS}}
 TWO_REPLICAS = {"ingress": "deployment", "autoscaling": {"min_replicas": 2, "max_replicas": 2},
                 "ingress_cpus": 0.1, "stream_batching_interval_ms": 0.0}
 MUST_MATCH = ["engine replicas", "engine", "load"]
@@ -113,6 +118,25 @@ async def _chat_load(url: str, key: str, requests: list[list[dict]], concurrency
                       failed, ttfts, sum(tokens), wall)
 
 
+def prompt_sizes(model_dir: Path, shared: list[list[dict]], engine_cfg) -> str:
+    """How many tokens the shared system prompts take against one engine's KV cache (the model's own config and
+    tokenizer: layers x KV heads x head size x 2 (K and V) x the dtype's bytes a token)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from serve.online.precision import resolve_dtype
+
+    tok, config = AutoTokenizer.from_pretrained(model_dir), AutoConfig.from_pretrained(model_dir)
+    prompts = {m[0]["content"] for m in shared}
+    tokens = [len(tok(tok.apply_chat_template([{"role": "system", "content": p}], tokenize=False))["input_ids"])
+              for p in prompts]
+    head = config.hidden_size // config.num_attention_heads
+    dtype_bytes = 2 if resolve_dtype(engine_cfg.dtype, engine_cfg.accelerator) in ("bfloat16", "float16") else 4
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head * dtype_bytes
+    cache = engine_cfg.kv_cache_memory_bytes // per_token
+    return (f"{len(prompts)} prompts of {min(tokens)}-{max(tokens)} tokens, {sum(tokens):,} in all; KV cache "
+            f"{cache:,} tokens an engine ({engine_cfg.kv_cache_memory_bytes // 1024**2} MiB)")
+
+
 def read_back(app: RaylineApp, result: LoadResult) -> dict:
     """The side's router and replicas from the running deployment, its engine from a replica, the load completed."""
     deployment = engine_deployment_name(app.cfg)
@@ -127,10 +151,11 @@ def read_back(app: RaylineApp, result: LoadResult) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=128)
+    p.add_argument("--requests", type=int, default=480)
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--system-prompts", type=int, default=8)
+    p.add_argument("--system-prompts", type=int, default=96)
     p.add_argument("--system-words", type=int, default=300)
+    p.add_argument("--kv-cache-mib", type=int, default=128, help="each engine's KV cache (both sides)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--work-dir", default=str(Path.home() / ".cache" / "rayline" / "bench"))
@@ -140,29 +165,33 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     model_dir, engine_cfg = small_model(work)
-    engine_cfg = replace(engine_cfg, cpus_per_engine=1.0)  # a whole worker node: one replica each
+    # A whole worker node a replica; a KV cache that holds about half the shared prompts.
+    engine_cfg = replace(engine_cfg, cpus_per_engine=1.0, kv_cache_memory_bytes=args.kv_cache_mib * 1024**2)
     key = os.environ.get("OPENAI_API_KEY", "")
     loads = {name: chats(args.requests, args.system_prompts, args.system_words, name == "shared")
              for name in ("shared", "unique")}
-    apps: dict[str, RaylineApp] = {}
+    sizes = prompt_sizes(model_dir, loads["shared"], engine_cfg)
+    print(f"shared load: {sizes}", flush=True)
     runs = {(side, load): [] for side in SIDES for load in loads}
-    try:
-        for side, overrides in SIDES.items():
-            apps[side] = RaylineApp(model_dir, engine_cfg, {**TWO_REPLICAS, **overrides})
-        for load, requests in loads.items():
-            for i, order in enumerate(round_order(list(SIDES), args.rounds)):
-                for side in order:
-                    r = asyncio.run(_chat_load(apps[side].url, key, requests, args.concurrency, args.max_tokens))
+    setups: dict[tuple[str, str], dict] = {}
+    for i, order in enumerate(round_order(list(SIDES), args.rounds)):
+        for side in order:
+            app = RaylineApp(model_dir, engine_cfg, {**TWO_REPLICAS, **SIDES[side]})
+            try:
+                for load, requests in loads.items():
+                    r = asyncio.run(_chat_load(app.url, key, requests, args.concurrency, args.max_tokens))
                     runs[(side, load)].append(r)
-                    print(f"{load} prompts, round {i + 1}: {side} {r}", flush=True)
-        pooled = {k: combine(v) for k, v in runs.items()}
-        setups = {(side, load): read_back(apps[side], pooled[(side, load)]) for side, load in runs}
-    finally:
-        for app in apps.values():
-            app.stop()
+                    print(f"round {i + 1}, {load} prompts: {side} {r}", flush=True)
+                    setups[(side, load)] = read_back(app, r)
+            finally:
+                app.stop()
+    pooled = {k: combine(v) for k, v in runs.items()}
+    for (side, load), setup in setups.items():
+        setup["load"] = (f"{sum(r.requests - r.failed for r in runs[(side, load)])} of "
+                         f"{sum(r.requests for r in runs[(side, load)])} answered, {pooled[(side, load)].tokens} output tokens")
     print(f"\n{args.rounds} rounds per app and load, A-B, B-A; {args.requests} chats of {args.max_tokens} tokens from "
           f"{args.concurrency} clients; system prompts of {args.system_words} words, {args.system_prompts} shared or "
-          f"each its own; {time.strftime('%Y-%m-%d %H:%M:%S')}; load average {os.getloadavg()[0]:.1f}")
+          f"each its own ({sizes}); {time.strftime('%Y-%m-%d %H:%M:%S')}; load average {os.getloadavg()[0]:.1f}")
     lines = []
     for load in loads:
         print_setups({f"{side} ({load})": setups[(side, load)] for side in SIDES}, f"{load} prompts")
