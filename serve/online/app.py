@@ -72,9 +72,22 @@ def resolve_served_adapters(cfg: Config, model: ServedModel) -> dict[str, dict[s
     return out
 
 
+ENGINE_DEPLOYMENT_PREFIX = "LLMServer:"
+
+
 def engine_deployment_name(cfg: Config) -> str:
     """The Serve deployment of the engine replicas (Ray's builder: `LLMServer:` + the model id, '/' and '.' replaced)."""
-    return "LLMServer:" + cfg.served_model_id.replace("/", "--").replace(".", "_")
+    return ENGINE_DEPLOYMENT_PREFIX + cfg.served_model_id.replace("/", "--").replace(".", "_")
+
+
+def is_engine_deployment(deployment: dict[str, Any]) -> bool:
+    """Whether a deployment entry of an application config (as rendered here) is the engine replicas'."""
+    return str(deployment.get("name", "")).startswith(ENGINE_DEPLOYMENT_PREFIX)
+
+
+def engine_deployment_of(app_config: dict[str, Any]) -> dict[str, Any]:
+    """The engine replicas' deployment entry of an application config ({} when it has none)."""
+    return next((d for d in app_config.get("deployments") or [] if is_engine_deployment(d)), {})
 
 
 INGRESS_DEPLOYMENT = "RaylineIngress"  # Serve names the ingress deployment after its class (openai_ingress_app)
@@ -88,10 +101,7 @@ def routes_deployment_name(cfg: Config) -> str:
 
 def adapters_of(app_config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The adapter set in a deployed application config (as rendered here): client name -> pinned adapter."""
-    for d in app_config.get("deployments") or []:
-        if str(d.get("name", "")).startswith("LLMServer:"):
-            return dict((d.get("user_config") or {}).get("adapters") or {})
-    return {}
+    return dict((engine_deployment_of(app_config).get("user_config") or {}).get("adapters") or {})
 
 
 def application_args(cfg: Config, model: ServedModel | None) -> dict[str, Any]:
@@ -171,11 +181,8 @@ def render_serve_config(cfg: Config, model: ServedModel | None = None,
 
 def _pinned_env(app_config: dict[str, Any]) -> str | None:
     """SERVED_MODEL_ENV in the engine deployment's actor options of a deployed app config, if set."""
-    for d in app_config.get("deployments") or []:
-        if str(d.get("name", "")).startswith("LLMServer:"):
-            env = ((d.get("ray_actor_options") or {}).get("runtime_env") or {}).get("env_vars") or {}
-            return env.get(SERVED_MODEL_ENV)
-    return None
+    options = engine_deployment_of(app_config).get("ray_actor_options") or {}
+    return ((options.get("runtime_env") or {}).get("env_vars") or {}).get(SERVED_MODEL_ENV)
 
 
 def served_model_of(app_config: dict[str, Any]) -> ServedModel | None:
@@ -220,7 +227,7 @@ def build_app(args: dict[str, Any]):
               "max_lora_rank": cfg.lora.max_lora_rank,
               "auth": cfg.auth if cfg.ingress == "engine" else None}  # keys are checked where the routes are served
     # The engine replicas are RaylineServer either way; with `ingress: engine` they serve the routes themselves.
-    engine = build_llm_deployment(llm, name_prefix="LLMServer:", bind_kwargs=server, deployment_cls=(
+    engine = build_llm_deployment(llm, name_prefix=ENGINE_DEPLOYMENT_PREFIX, bind_kwargs=server, deployment_cls=(
         serve.ingress()(RaylineServer) if cfg.ingress == "engine" else RaylineServer))
     if cfg.ingress == "engine":
         return engine

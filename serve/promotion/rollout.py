@@ -28,8 +28,8 @@ from serve.promotion import rollout_record as rec
 from serve.promotion.canary import Canary
 from serve.promotion.outcome import DEPLOYED, ERROR, REJECTED, ROLLED_BACK, SKIPPED, UNCHANGED, RolloutResult
 from serve.online.adapters import resolve_adapter
-from serve.online.app import (ServedModel, adapters_of, pin_model, render_serve_config, resolve_served_adapters,
-                              resolve_served_model, served_model_of)
+from serve.online.app import (ServedModel, adapters_of, is_engine_deployment, pin_model, render_serve_config,
+                              resolve_served_adapters, resolve_served_model, served_model_of)
 from serve.promotion.deploy_target import DeployError, KubeRayService, LocalServe
 from serve.promotion.gate import evidence_problems, gate_problems
 from serve.promotion.rollout_config import Config
@@ -274,7 +274,7 @@ class Rollout:
                 return app_config
             deployments = [{**d, "user_config": {**(d.get("user_config") or {}),
                                                  "adapters": {**adapters, self.cfg.adapter: {"ref": ref}}}}
-                           if str(d.get("name", "")).startswith("LLMServer:") else d
+                           if is_engine_deployment(d) else d
                            for d in app_config.get("deployments") or []]
             return {**app_config, "deployments": deployments}
         if served_model_of(app_config) is not None:
