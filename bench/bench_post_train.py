@@ -144,7 +144,8 @@ def rayline_grpo(cfg: GrpoConfig, model_dir: Path, prompts_path: Path, work: Pat
 
     prompts = load_prompts(str(prompts_path), AutoTokenizer.from_pretrained(model_dir))
     res = loop.run(cfg, str(model_dir), prompts, work / f"rayline-grpo-{time.time_ns()}")
-    steady = res.history[1:] or res.history  # the first step starts the reward tasks' workers: warm-up, left out
+    print(f"rayline start-up (engines and policy up): {res.startup_s:.1f} s", flush=True)
+    steady = res.history[1:] or res.history  # the first step, warm-up (the reward tasks' workers start), left out
     seconds = sum(m.step_s for m in steady)
     for m in res.history:  # where a step's time went (the loop's own figures)
         print(f"rayline step {m.step}: {m.step_s:.2f} s (weight sync {m.weight_sync_s:.2f} s, reward wait "

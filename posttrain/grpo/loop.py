@@ -58,6 +58,8 @@ class LoopResult:
     steps: int
     prompts_consumed: int
     restarts: int
+    startup_s: float = 0.0
+    """Seconds from the roles' creation until every engine and policy rank was up (not in any step's time)."""
     history: list[StepMetrics] = field(default_factory=list)
     ledger: dict[str, int] = field(default_factory=dict)
     exact_match_before: float | None = None
@@ -86,6 +88,14 @@ class Roles:
         self.pool = RolloutPool(model_dir, cfg.engine, cfg.num_engines, engine_opts)
         self.policy_opts = policy_opts
         self.policy = self._policy()
+        self.ready()
+
+    def ready(self) -> float:
+        """Wait until every engine and policy rank is up (their engines started, weights loaded, process group
+        joined): the start-up stays out of the first step's time. Returns the seconds waited."""
+        start = time.perf_counter()
+        ray.get([a.pid.remote() for a in self.pool.actors + self.policy])
+        return time.perf_counter() - start
 
     def _policy(self) -> list:
         p = self.cfg.policy
@@ -97,6 +107,7 @@ class Roles:
             ray.kill(worker, no_restart=True)
         self.pool.restart()
         self.policy = self._policy()
+        self.ready()
 
     def sync(self, step: int) -> float:
         """The policy's weights into every engine (as policy step `step`); returns the slowest engine's seconds,
@@ -140,8 +151,9 @@ def run(cfg: GrpoConfig, model_dir: str, prompts: list[Prompt], output: Path,
     output.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(output / "ledger.jsonl")
     scorer = BoundedScorer(cfg.reward.name, cfg.reward.max_in_flight, cfg.reward.delay_s)
+    started_up = time.perf_counter()
     roles = Roles(cfg, model_dir)
-    result = LoopResult(steps=0, prompts_consumed=0, restarts=0)
+    result = LoopResult(steps=0, prompts_consumed=0, restarts=0, startup_s=time.perf_counter() - started_up)
     P, G = cfg.prompts_per_step, cfg.group_size
     if (P * G) % cfg.policy.num_workers:
         raise ValueError(f"prompts_per_step x group_size ({P * G}) must split evenly over policy.num_workers "
