@@ -13,10 +13,10 @@ from core.config import config_hash, require, to_dict
 
 # Fields that say where or how to run, not what the data is: they stay out of the dataset version.
 NOT_IN_VERSION = ("output_uri", "overwrite", "mlflow_experiment", "tokenizer", "tokenize_batch_size")
-# An Iceberg table counts as a source, not as config: what it holds (table uuid, the resolved snapshot, filter,
-# mapping) is hashed with the input files (data/iceberg_source.py), so `snapshot_id: 0` and the same snapshot named
-# outright are one version, and a catalog moved elsewhere keeps it.
-IN_SOURCES = ("iceberg",)
+# An Iceberg or Delta table counts as a source, not as config: what it holds (table id, the resolved snapshot or
+# version, filter, mapping) is hashed with the input files (data/iceberg_source.py, data/delta_source.py), so the
+# current snapshot and the same one named outright are one version, and a table moved elsewhere keeps it.
+IN_SOURCES = ("iceberg", "delta")
 
 
 @dataclass
@@ -72,6 +72,33 @@ class IcebergTable:
         fields = list(self.columns.values())
         for i, (column, name) in enumerate(self.columns.items()):
             require(bool(name.strip()) and name not in fields[:i], f"iceberg.columns.{column}",
+                    f"{name!r}: each column needs a field name of its own")
+
+
+@dataclass
+class DeltaSource:
+    """A Delta Lake table read as training records (data/delta_source.py), at one version of its log."""
+
+    uri: str
+    """The table's directory: a local path, file:// or s3:// URI (s3:// read with each process's AWS_* variables)."""
+    key_column: str
+    """An integer column that names a row: a reject's `line` is its value (the table has no line numbers)."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Table column -> record field the format expects (`{question: prompt, answer: response}`); other columns
+    keep their names."""
+    version: int = -1
+    """The table version to read (Delta numbers them from 0); -1 = the current one, resolved once at the start and
+    recorded in the manifest."""
+    row_filter: str = ""
+    """The same filter syntax as `iceberg.row_filter` (`lang = 'en' and id > 10`). Empty = every row."""
+
+    def __post_init__(self):
+        require(bool(self.uri.strip()), "delta.uri", "empty path")
+        require(bool(self.key_column.strip()), "delta.key_column", "name an integer column that identifies a row")
+        require(self.version >= -1, "delta.version", f"{self.version} must be >= 0, or -1 for the current version")
+        fields = list(self.columns.values())
+        for i, (column, name) in enumerate(self.columns.items()):
+            require(bool(name.strip()) and name not in fields[:i], f"delta.columns.{column}",
                     f"{name!r}: each column needs a field name of its own")
 
 
@@ -153,6 +180,8 @@ class Config:
     """MinHash permutations (signature length): more is a sharper threshold and more work per record."""
     iceberg: IcebergTable | None = None
     """An Iceberg table read as training records, beside or instead of `inputs` (docs/DATA.md, "Iceberg tables")."""
+    delta: DeltaSource | None = None
+    """A Delta Lake table read as training records, beside or instead of `inputs` (docs/DATA.md, "Delta tables")."""
 
     def __post_init__(self):
         if self.mixture:
@@ -166,9 +195,11 @@ class Config:
                 for j, uri in enumerate(m.inputs):
                     require(bool(str(uri).strip()), f"mixture[{i}].inputs[{j}]", "empty path")
             require(self.iceberg is None, "iceberg", "a mixture's sources are files; read the table without a mixture")
+            require(self.delta is None, "delta", "a mixture's sources are files; read the table without a mixture")
         else:
-            require(len(self.inputs) > 0 or self.iceberg is not None, "inputs",
-                    "give at least one file or directory (or a mixture, or an iceberg table)")
+            require(len(self.inputs) > 0 or self.iceberg is not None or self.delta is not None, "inputs",
+                    "give at least one file or directory (or a mixture, an iceberg table or a delta table)")
+        require(self.iceberg is None or self.delta is None, "delta", "one table per dataset: give iceberg or delta")
         require(self.mixture_records >= 0, "mixture_records", f"{self.mixture_records} must be >= 0")
         require(0.0 < self.near_dedup_threshold < 1.0, "near_dedup_threshold",
                 f"{self.near_dedup_threshold} must be in (0, 1)")

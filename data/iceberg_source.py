@@ -44,11 +44,13 @@ class TableRead:
     row_filter: str
     data_files: int
     bytes: int
+    kind: str = KIND
+    """`iceberg`, or `delta` for a Delta table (data/delta_source.py: `table` its URI, `snapshot_id` its version)."""
 
     @property
     def source(self) -> str:
         """The rejects' `source` of its rows and its entry in the manifest's sources."""
-        return f"iceberg:{self.table}@{self.snapshot_id}"
+        return f"{self.kind}:{self.table}@{self.snapshot_id}"
 
     def identity(self) -> str:
         """What the dataset version hashes for the table: the rows it gives, not where the catalog is."""
@@ -77,8 +79,9 @@ def catalog_properties(catalog: IcebergCatalog) -> dict[str, str]:
     return props
 
 
-def parse_filter(text: str):
-    """The row filter as a pyiceberg expression (AlwaysTrue when empty); a ValueError names what is wrong."""
+def parse_filter(text: str, field: str = "iceberg.row_filter"):
+    """The row filter as a pyiceberg expression (AlwaysTrue when empty); a ValueError names what is wrong (as
+    `field`: a Delta table's filter has the same syntax)."""
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.expressions.parser import parse
     from pyparsing import ParseException
@@ -88,7 +91,7 @@ def parse_filter(text: str):
     try:
         return parse(text)
     except ParseException as e:
-        raise ValueError(f"iceberg.row_filter: {text!r} is not pyiceberg's filter syntax at character {e.loc + 1} "
+        raise ValueError(f"{field}: {text!r} is not pyiceberg's filter syntax at character {e.loc + 1} "
                          "(for example: lang = 'en' and id > 10)") from None
 
 
@@ -96,7 +99,7 @@ _COMPARISONS = {"EqualTo": operator.eq, "NotEqualTo": operator.ne, "LessThan": o
                 "LessThanOrEqual": operator.le, "GreaterThan": operator.gt, "GreaterThanOrEqual": operator.ge}
 
 
-def ray_filter(expr):
+def ray_filter(expr, field: str = "iceberg.row_filter"):
     """A parsed filter as a Ray Data expression, or None for AlwaysTrue. `Dataset.filter(expr=...)` is Ray's way to
     filter a read (read_iceberg's `row_filter` is deprecated in 2.60); Ray pushes it back into the Iceberg scan."""
     from pyiceberg import expressions as ie
@@ -105,11 +108,11 @@ def ray_filter(expr):
     if isinstance(expr, ie.AlwaysTrue):
         return None
     if isinstance(expr, ie.And):
-        return ray_filter(expr.left) & ray_filter(expr.right)
+        return ray_filter(expr.left, field) & ray_filter(expr.right, field)
     if isinstance(expr, ie.Or):
-        return ray_filter(expr.left) | ray_filter(expr.right)
+        return ray_filter(expr.left, field) | ray_filter(expr.right, field)
     if isinstance(expr, ie.Not):
-        return ~ray_filter(expr.child)
+        return ~ray_filter(expr.child, field)
     name = type(expr).__name__
     if name in _COMPARISONS:
         return _COMPARISONS[name](col(expr.term.name), lit(expr.literal.value))
@@ -118,8 +121,22 @@ def ray_filter(expr):
         return col(expr.term.name).is_in(values) if isinstance(expr, ie.In) else col(expr.term.name).not_in(values)
     if isinstance(expr, (ie.IsNull, ie.NotNull)):
         return col(expr.term.name).is_null() if isinstance(expr, ie.IsNull) else col(expr.term.name).is_not_null()
-    raise ValueError(f"iceberg.row_filter: {name} is not supported here; use comparisons (= != < <= > >=), in, "
+    raise ValueError(f"{field}: {name} is not supported here; use comparisons (= != < <= > >=), in, "
                      "not in, is null, is not null, and, or, not")
+
+
+def check_columns(prefix: str, table: str, at: str, names: list[str], key_column: str,
+                  columns: dict[str, str]) -> None:
+    """The key and every mapped column exist in the table (`names`, its columns `at` the pinned snapshot or
+    version), and no mapped name is one of its unmapped columns; a ValueError names the `prefix.` field."""
+    named = [(key_column, f"{prefix}.key_column"), *((c, f"{prefix}.columns.{c}") for c in columns)]
+    for column, field in named:
+        if column not in names:
+            raise ValueError(f"{field}: {table} has no column {column!r} at {at} (its columns: {', '.join(names)})")
+    clash = sorted(set(columns.values()) & (set(names) - set(columns)))
+    if clash:
+        raise ValueError(f"{prefix}.columns: {clash[0]!r} is already a column of {table}; map that column too, "
+                         "or map to another field")
 
 
 def resolve_table(spec: IcebergTable) -> TableRead:
@@ -149,19 +166,11 @@ def resolve_table(spec: IcebergTable) -> TableRead:
     scan = table.scan(row_filter=row_filter, snapshot_id=snapshot.snapshot_id)
     schema = scan.projection()
     names = [f.name for f in schema.fields]
-    named = [(spec.key_column, "iceberg.key_column"), *((c, f"iceberg.columns.{c}") for c in spec.columns)]
-    for column, field in named:
-        if column not in names:
-            raise ValueError(f"{field}: {spec.table} has no column {column!r} at snapshot {snapshot.snapshot_id} "
-                             f"(its columns: {', '.join(names)})")
+    check_columns("iceberg", spec.table, f"snapshot {snapshot.snapshot_id}", names, spec.key_column, spec.columns)
     key_type = schema.find_field(spec.key_column).field_type
     if not isinstance(key_type, (IntegerType, LongType)):
         raise ValueError(f"iceberg.key_column: {spec.key_column} is {key_type}; name an int or long column that "
                          "identifies a row (it is the rejects' line)")
-    clash = sorted(set(spec.columns.values()) & (set(names) - set(spec.columns)))
-    if clash:
-        raise ValueError(f"iceberg.columns: {clash[0]!r} is already a column of {spec.table}; map that column too, "
-                         "or map to another field")
     try:
         files = [task.file for task in scan.plan_files()]
     except ValueError as e:  # the filter names a column the table lacks, or compares it with the wrong type
@@ -184,7 +193,7 @@ def to_lines(batch: pa.Table, read: TableRead) -> pa.Table:
         "source": pa.array([read.source] * n, pa.string()), "line": pa.array(keys, pa.int64()),
         "raw": pa.array([json.dumps(r, ensure_ascii=False, default=str).encode("utf-8") for r in rows],
                         pa.large_binary()),
-        "kind": pa.array([KIND] * n, pa.string()), "split": pa.array([0] * n, pa.int8()),
+        "kind": pa.array([read.kind] * n, pa.string()), "split": pa.array([0] * n, pa.int8()),
     }, schema=LINES_SCHEMA)
 
 

@@ -3,7 +3,8 @@
     python -m pipelines.prepare_data --config configs/data/sample.yaml [key=value ...]
 
 On Ray, streaming: read raw lines (Ray Data; compressed files as streams; a mixture's lines repeated as often as
-they are taken, `data.mixture`; an Iceberg table's rows at a pinned snapshot, `data.iceberg_source`) -> validate,
+they are taken, `data.mixture`; an Iceberg table's rows at a pinned snapshot, `data.iceberg_source`, or a Delta
+table's at a pinned version, `data.delta_source`) -> validate,
 clean, render with the chat template and hash (fused with the reads)
 -> shuffle by content hash through storage, one file per read task and shard (`data.shuffle`) -> [near_dedup: one
 task per LSH band partition names the near copies, `data.near_phase`] -> per shard, one task: exact (and near)
@@ -25,6 +26,7 @@ from data import tracking
 from data.config import Config, content_config_hash, shard_count
 from data.datasource import LinesDatasource
 from data.examples import EVAL, TRAIN, ExamplePlan, to_examples
+from data.delta_source import read_delta_table, resolve_delta
 from data.iceberg_source import TableRead, read_table, resolve_table, shuffle_rows
 from data.mixture import plan_mixture
 from data.prepared import load_manifest
@@ -138,8 +140,8 @@ def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePl
     every copy of an example meets in one shard). Then one task per shard reads its files, dedups, tokenizes,
     packs and writes that shard. Tasks hold a CPU only while they run, so nothing can sit on every CPU and
     starve the reads (the deadlock an actor pool risks on a 2-CPU machine), and no phase holds more than a
-    block per read task or a shard per shard task in memory, however large the input. An Iceberg `table` is read
-    by Ray Data's own reader, its blocks going through the same per-block work.
+    block per read task or a shard per shard task in memory, however large the input. An Iceberg or Delta `table` is
+    read by Ray Data's own reader, its blocks going through the same per-block work.
     """
     # About one read task per `part_bytes` of input (small files grouped, big ones already cut): Ray Data
     # would otherwise cut the reads into 200.
@@ -156,8 +158,8 @@ def run_pipeline(parts: list[FilePart], part_bytes: int, example_plan: ExamplePl
                 lines = LinesDatasource(parts, transform=transform, sink=sink, schema=FILES_SCHEMA)
                 reads.append(ray.data.read_datasource(lines, override_num_blocks=read_tasks))
             if table:
-                reads.append(read_table(table, functools.partial(shuffle_rows, read=table, transform=transform,
-                                                                 sink=sink)))
+                reader = read_delta_table if table.kind == "delta" else read_table
+                reads.append(reader(table, functools.partial(shuffle_rows, read=table, transform=transform, sink=sink)))
         files = _by_partition([row for ds in reads for row in ds.take_all()])
         near_files: dict[int, list[str]] = {}
         if near:  # one task per band partition, between the reads and the shard tasks (data/near_phase.py)
@@ -193,7 +195,8 @@ def main(cfg: Config) -> Result:
     files += [f for source in mixture_files for f in source]
     files += discover(cfg.eval_inputs, cfg.file_format, EVAL, "eval_inputs")
     check_distinct(files)
-    table = resolve_table(cfg.iceberg) if cfg.iceberg else None  # its snapshot pinned now, once
+    # A table's snapshot (Iceberg) or version (Delta) is pinned now, once.
+    table = resolve_table(cfg.iceberg) if cfg.iceberg else resolve_delta(cfg.delta) if cfg.delta else None
     if cfg.format != "text" and any(f.kind == "text" for f in files):
         bad = next(f.uri for f in files if f.kind == "text")
         raise ValueError(f"inputs: {bad} is plain text, but format is {cfg.format}; plain text files need format: text")
@@ -243,7 +246,7 @@ def main(cfg: Config) -> Result:
         if mixture_rows:
             manifest["mixture"] = mixture_rows
         if table:
-            manifest["iceberg"] = table.manifest_entry()
+            manifest[table.kind] = table.manifest_entry()
         if near:
             manifest["near_dedup"] = {"threshold": cfg.near_dedup_threshold, "ngram": near.ngram,
                                       "num_perm": near.num_perm, "bands": near.bands, "rows": near.rows}

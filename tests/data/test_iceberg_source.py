@@ -21,7 +21,7 @@ from data.iceberg_source import (
 )
 from data.records import RecordRules, Reject, parse_record
 from core.config import ConfigError, from_dict
-from tests.data.iceberg_tables import BAD_ID, FIRST, SCHEMA, catalog_spec, write_table
+from tests.data.tables import BAD_ID, FIRST, SCHEMA, catalog_spec, write_table
 
 MAPPING = {"question": "prompt", "answer": "response"}
 
