@@ -48,9 +48,15 @@ def s3_endpoint() -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
-def s3_filesystem() -> pafs.S3FileSystem:
-    """A pyarrow S3 filesystem configured from the AWS environment variables."""
-    kwargs: dict = {"region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
+def s3_region() -> str:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
+def s3_filesystem(keys: bool = True) -> pafs.S3FileSystem:
+    """A pyarrow S3 filesystem configured from the AWS environment variables. `keys=False` leaves the keys out: the
+    filesystem then finds them in the environment of whichever process uses it, so pickling it (into a Ray task)
+    carries none."""
+    kwargs: dict = {"region": s3_region()}
     endpoint = s3_endpoint()
     if endpoint:
         parsed = urlparse(endpoint)
@@ -58,7 +64,7 @@ def s3_filesystem() -> pafs.S3FileSystem:
         kwargs["scheme"] = parsed.scheme or "http"
         # S3-compatible stores are addressed by path, not virtual-host buckets.
         kwargs["force_virtual_addressing"] = False
-    if os.environ.get("AWS_ACCESS_KEY_ID"):
+    if keys and os.environ.get("AWS_ACCESS_KEY_ID"):
         kwargs["access_key"] = os.environ["AWS_ACCESS_KEY_ID"]
         kwargs["secret_key"] = os.environ.get("AWS_SECRET_ACCESS_KEY", "")
         if os.environ.get("AWS_SESSION_TOKEN"):

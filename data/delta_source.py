@@ -33,25 +33,11 @@ def storage_options(uri: str) -> dict[str, str]:
     (core/storage.py), plain HTTP where the endpoint is, and no keys (the library reads them from the environment)."""
     if not storage.is_s3(uri):
         return {}
-    options = {"AWS_REGION": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
+    options = {"AWS_REGION": storage.s3_region()}
     if endpoint := storage.s3_endpoint():
         options["AWS_ENDPOINT_URL"] = endpoint
         options["AWS_ALLOW_HTTP"] = str(endpoint.startswith("http://")).lower()
     return options
-
-
-def _keyless_s3_filesystem():
-    """pyarrow's S3 filesystem for the read tasks, keys left to each process's environment (AWS_ACCESS_KEY_ID ...)."""
-    from urllib.parse import urlparse
-
-    import pyarrow.fs as pafs
-
-    kwargs: dict = {"region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
-    if endpoint := storage.s3_endpoint():
-        parsed = urlparse(endpoint)
-        kwargs.update(endpoint_override=parsed.netloc or parsed.path, scheme=parsed.scheme or "http",
-                      force_virtual_addressing=False)
-    return pafs.S3FileSystem(**kwargs)
 
 
 def resolve_delta(spec: DeltaSource) -> TableRead:
@@ -93,7 +79,8 @@ def read_delta_table(read: TableRead, on_block: Callable[[pa.Table], pa.Table]):
     if storage.is_s3(read.location):  # deltalake's pyarrow dataset names files relative to the table's folder
         import pyarrow.fs as pafs
 
-        filesystem = pafs.SubTreeFileSystem(read.location[len("s3://"):].rstrip("/"), _keyless_s3_filesystem())
+        bucket_path = read.location[len("s3://"):].rstrip("/")
+        filesystem = pafs.SubTreeFileSystem(bucket_path, storage.s3_filesystem(keys=False))
     ds = ray.data.read_delta(read.location, version=read.snapshot_id, storage_options=dict(read.catalog) or None,
                              filesystem=filesystem)
     if (expr := ray_filter(parse_filter(read.row_filter, FILTER_FIELD), FILTER_FIELD)) is not None:
