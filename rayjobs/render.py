@@ -70,11 +70,16 @@ def workload_shape(stage: str, cfg, profile: Profile) -> Shape:
         trials = max(1, cfg.max_concurrent_trials) if stage == "tune" else 1
         # A worker pod given notice drains this long: the ranks checkpoint meanwhile (train/notice.py).
         drain = train.checkpoint.notice_grace_s
+        # An elastic run (num_workers: [min, max]) gets a worker group that autoscales between the two: it starts
+        # with what it gets and grows as pods come (train/config.py ScalingConfig.num_workers).
+        lowest = sc.min_workers if sc.elastic else None
         if sc.use_gpu:
             per_worker = int(sc.resources_per_worker.get("GPU", 1))
-            pods, per_pod = _gpu_pods(sc.num_workers * per_worker * trials, per_worker, profile)
-            return Shape(workers=pods, gpus_per_worker=per_pod, drain_s=drain)
-        return Shape(workers=sc.num_workers * trials, drain_s=drain)
+            pods, per_pod = _gpu_pods(sc.max_workers * per_worker * trials, per_worker, profile)
+            min_pods = None if lowest is None else math.ceil(lowest * per_worker * trials / per_pod)
+            return Shape(workers=pods, gpus_per_worker=per_pod, drain_s=drain, min_workers=min_pods)
+        return Shape(workers=sc.max_workers * trials, drain_s=drain,
+                     min_workers=None if lowest is None else lowest * trials)
     if stage == "batch_infer":
         return _engine_shape(cfg.engine, cfg.num_engines, profile)
     if stage == "serve":

@@ -42,6 +42,11 @@ def worker_proxy_port(cfg, i: int) -> int:
     return cfg.node_port_base + 100 * i + len(NODE_PORTS)
 
 
+WORKER_NODE_RESOURCE = "rayline_worker_node"
+"""A custom resource each worker node of the stack has one of (the head none): what pins an elastic training run to
+worker nodes, whose size Ray Train counts by resources alone (train/config.py ScalingConfig.node_labels)."""
+
+
 def worker_node_name(i: int) -> str:
     return f"ray-worker-{i}"
 
@@ -54,7 +59,7 @@ def worker_node_argv(cfg, i: int, python: str) -> list[str]:
         "--node-ip-address=127.0.0.1", f"--num-cpus={cfg.node_cpus}", "--disable-usage-stats",
         *(f"--{name.replace('_', '-')}-port={port}" for name, port in worker_node_ports(cfg, i).items()),
         f"--min-worker-port={first_worker_port}", f"--max-worker-port={first_worker_port + 89}",
-        f"--labels={NODE_LABEL}=worker-{i}",
+        f"--labels={NODE_LABEL}=worker-{i}", f"--resources={{\"{WORKER_NODE_RESOURCE}\": 1}}",
     ]
 
 

@@ -90,7 +90,8 @@ SHARED_MODULES = {
     **dict.fromkeys(("tests/serve/test_api_keys.py", "tests/serve/test_doors.py", "tests/serve/test_ingress_deployment.py",
                      "tests/serve/test_llm_hooks.py", "tests/serve/test_serve.py", "tests/serve/test_serve_adapters.py"),
                     "serve-app"),
-    **dict.fromkeys(("tests/train/test_lora.py", "tests/train/test_preflight.py", "tests/train/test_spot_notice.py",
+    **dict.fromkeys(("tests/train/test_elastic.py", "tests/train/test_lora.py", "tests/train/test_preflight.py",
+                     "tests/train/test_spot_notice.py",
                      "tests/train/test_train_stage.py", "tests/train/test_train_wait.py", "tests/train/test_tune_stage.py"),
                     "train-data"),
 }

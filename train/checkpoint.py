@@ -46,7 +46,11 @@ class TrainerState:
     epoch: int = 0
     """Epoch the next step reads from."""
     micro_batches_into_epoch: int = 0
-    """Micro-batches of `epoch` already consumed (per worker): the data position to skip to on resume."""
+    """Micro-batches of `epoch` already consumed (per worker, at `world_size` workers): the data position to skip to
+    on resume. An elastic run resumed at another size converts it through the steps it stands for (train/batches.py)."""
+    global_batch_rows: int = 0
+    """Rows per step of an elastic run, whose data order does not depend on its size (train/batches.py); 0 for a
+    fixed-size run, whose rows are split per worker."""
     tokens_seen: int = 0
     train_time_s: float = 0.0
     """Wall time spent inside optimizer steps (data wait included; eval and checkpoints not), over all attempts."""
@@ -123,12 +127,13 @@ def checkpoint_files(world_size: int) -> set[str]:
             *(rng_file_name(r) for r in range(world_size))}
 
 
-def mark_committed(checkpoint_uri: str, step: int) -> None:
+def mark_committed(checkpoint_uri: str, step: int, world_size: int = 1) -> None:
     """Write the commit marker into the checkpoint at `checkpoint_uri` (in storage): call it once every rank's upload
-    has returned, never before (train/worker.py `report_checkpoint`: rank 0, after a barrier)."""
+    has returned, never before (train/worker.py `report_checkpoint`: rank 0, after a barrier). It names the step and
+    how many ranks wrote it (an elastic run resumes checkpoints of other sizes)."""
     from core import storage
 
-    storage.write_text(storage.join(checkpoint_uri, COMMITTED), json.dumps({"step": step}))
+    storage.write_text(storage.join(checkpoint_uri, COMMITTED), json.dumps({"step": step, "world_size": world_size}))
 
 
 def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
@@ -137,17 +142,28 @@ def latest_complete_checkpoint(run_uri: str, world_size: int) -> str | None:
     Ray Train registers a reported checkpoint when its controller next polls the workers, so a worker
     that dies right after `ray.train.report` can leave a complete checkpoint in storage that Ray does not
     know of; resuming from it keeps the work instead of redoing it from an older one. A directory without the
-    marker (an upload cut off, a checkpoint being deleted) is never picked.
+    marker (an upload cut off, a checkpoint being deleted) is never picked. Each checkpoint is checked against
+    the number of ranks its marker names (`world_size` where a marker predates that).
     """
     from core import storage
 
-    needed, found = checkpoint_files(world_size), {}
+    found: dict[str, set[str]] = {}
     for rel in storage.list_files(run_uri):
         top, _, name = rel.partition("/")
         if top.startswith(CHECKPOINT_PREFIX) and name:
             found.setdefault(top, set()).add(name)
-    complete = sorted(d for d, names in found.items() if needed <= names)
-    return complete[-1] if complete else None
+    for name in sorted((d for d, names in found.items() if COMMITTED in names), reverse=True):
+        try:
+            text = storage.read_text(storage.join(run_uri, name, COMMITTED))
+        except FileNotFoundError:
+            continue  # deleted meanwhile
+        try:
+            writers = int(json.loads(text).get("world_size", world_size))
+        except (ValueError, AttributeError):
+            writers = world_size  # a marker without its size
+        if checkpoint_files(writers) <= found[name]:
+            return name
+    return None
 
 
 def newest_trainer_state(run_uri: str) -> tuple[str, TrainerState] | None:
@@ -168,16 +184,33 @@ def newest_trainer_state(run_uri: str) -> tuple[str, TrainerState] | None:
 
 
 class WorldSizeMismatch(ValueError):
-    """A checkpoint written by one number of workers cannot be resumed by another."""
+    """A checkpoint this run cannot resume: written by another number of workers (a fixed-size run), or with another
+    data order or global batch (an elastic run)."""
 
 
-def check_world_size(state: TrainerState, world_size: int, where: str) -> None:
-    """Refuse to resume `state` (from the checkpoint at `where`) with a different number of workers.
+def check_resumable(state: TrainerState, world_size: int, where: str, global_batch_rows: int = 0,
+                    elastic: bool = False) -> None:
+    """Refuse to resume `state` (from the checkpoint at `where`) where its data position would mean other rows.
 
-    DCP could reshard the model and optimizer, but the data position (micro-batches into the epoch) and
-    the RNG states are per worker: with another worker count the resumed run would neither skip the rows
-    it already trained on nor draw the same random numbers.
+    A fixed-size run's data position (micro-batches into the epoch) and RNG states are per worker: with another
+    worker count the resumed run would neither skip the rows it already trained on nor draw the same random numbers,
+    although DCP could reshard the model and optimizer. An elastic run's position is global (`global_batch_rows` per
+    step, in an order that does not depend on the size), so it resumes at any size with the same global batch.
     """
+    if elastic:
+        if not state.global_batch_rows:
+            raise WorldSizeMismatch(f"{where}: this checkpoint was written by a fixed-size run of {state.world_size} "
+                                    f"workers, whose data order is per worker; an elastic run cannot continue it: "
+                                    f"resume it with scaling.num_workers={state.world_size}, or start a new run_name")
+        if state.global_batch_rows != global_batch_rows:
+            raise WorldSizeMismatch(f"{where}: this checkpoint was written with a global batch of "
+                                    f"{state.global_batch_rows} rows but the run now takes {global_batch_rows}; "
+                                    f"keep train.micro_batch_size x grad_accum_steps x max workers, or start a new "
+                                    f"run_name")
+        return
+    if state.global_batch_rows:
+        raise WorldSizeMismatch(f"{where}: this checkpoint was written by an elastic run; resume it with "
+                                f"scaling.num_workers as its [min, max] range, or start a new run_name")
     if state.world_size != world_size:
         raise WorldSizeMismatch(
             f"{where}: this checkpoint was written by {state.world_size} workers but the run now has "
@@ -192,13 +225,17 @@ def read_trainer_state(directory: str | Path) -> TrainerState:
 
 
 def load_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler, rank: int) -> TrainerState:
-    """Collective: restore model, optimizer, scheduler and this rank's RNG state; returns the trainer state.
+                    scheduler: torch.optim.lr_scheduler.LRScheduler, rank: int,
+                    global_batch_rows: int = 0) -> TrainerState:
+    """Collective: restore model, optimizer, scheduler and this rank's RNG state; returns the trainer state (its
+    `world_size` still the writer's). An elastic run (`global_batch_rows` > 0) loads a checkpoint of any size: DCP
+    reshards the model and optimizer onto this one, and the RNG states, which are per rank, are not loaded.
 
-    Raises WorldSizeMismatch when the checkpoint was written by another number of ranks."""
+    Raises WorldSizeMismatch when the checkpoint cannot be resumed here (check_resumable)."""
     directory = Path(directory)
     state = read_trainer_state(directory)
-    check_world_size(state, dist.get_world_size() if dist.is_initialized() else 1, str(directory))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    check_resumable(state, world, str(directory), global_batch_rows, elastic=global_batch_rows > 0)
     # get_state_dict gives the sharded layout (and initialises empty optimizer state) for DCP to fill in place.
     model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED_ONLY)
     to_load = {"model": trained_only(model, model_sd), "optim": optim_sd}
@@ -209,6 +246,6 @@ def load_checkpoint(directory: str | Path, model: torch.nn.Module, optimizer: to
     if state.scheduler:
         scheduler.load_state_dict(state.scheduler)
     rng_file = directory / rng_file_name(rank)
-    if rng_file.exists():
+    if state.world_size == world and rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=True))
     return state

@@ -83,7 +83,9 @@ class LoopConfig:
     micro_batch_size: int = 4
     """Packed rows per worker per forward/backward."""
     grad_accum_steps: int = 1
-    """Micro-batches per optimizer step; global batch = micro_batch_size x num_workers x grad_accum_steps rows."""
+    """Micro-batches per optimizer step; global batch = micro_batch_size x num_workers x grad_accum_steps rows. In an
+    elastic run (`scaling.num_workers: [min, max]`) this is the count at `max` workers and the global batch is kept
+    at every size: a group of W workers accumulates micro_batch_size x grad_accum_steps x max / W rows each step."""
     epochs: int = 1
     max_steps: int = 0
     """Optimizer steps to run; 0 = `epochs` full passes over the train split."""
@@ -128,7 +130,14 @@ class LoraConfig:
 
 @dataclass
 class ScalingConfig:
-    num_workers: int = 2
+    num_workers: int | tuple[int, int] = 2
+    """Training workers: a number, or `[min, max]` for an elastic run (Ray Train's elastic worker group). An elastic
+    run starts with as many as fit (at least `min`), goes on with fewer when a node is lost instead of waiting for a
+    replacement, and grows back to `max` when nodes return; each resize resumes from the last checkpoint, resharded
+    onto the new size, with the same global batch and data order (docs/ARCHITECTURE.md, "What train writes")."""
+    resize_check_s: float = 60.0
+    """Elastic runs: how often a healthy group looks for room to grow (or a reason to shrink), in seconds (Ray
+    Train's `elastic_resize_monitor_interval_s`). Each resize restarts the group from the latest checkpoint."""
     use_gpu: bool = False
     resources_per_worker: dict[str, float] = field(default_factory=dict)
     """Ray resources per training worker; empty = {"GPU": 1, "CPU": 1} on GPU, and on CPU an even share of
@@ -144,7 +153,18 @@ class ScalingConfig:
     long as it takes (the report is printed all the same, 10 s into a wait and every minute after)."""
 
     def __post_init__(self):
-        require(self.num_workers >= 1, "scaling.num_workers", "must be >= 1")
+        if isinstance(self.num_workers, (tuple, list)):
+            require(len(self.num_workers) == 2, "scaling.num_workers",
+                    f"{list(self.num_workers)}: an elastic size is [min, max], two numbers")
+            self.num_workers = (int(self.num_workers[0]), int(self.num_workers[1]))
+            require(1 <= self.min_workers <= self.max_workers, "scaling.num_workers",
+                    f"{list(self.num_workers)}: an elastic size needs 1 <= min <= max")
+            require(not self.node_labels, "scaling.node_labels",
+                    "cannot pin an elastic run by node labels: Ray Train counts the workers that fit by resources "
+                    "alone, so it would wait forever for a size the labels forbid; give the nodes it may use a custom "
+                    "resource and ask for it in scaling.resources_per_worker")
+        require(self.min_workers >= 1, "scaling.num_workers", "must be >= 1")
+        require(self.resize_check_s > 0, "scaling.resize_check_s", f"must be > 0 seconds, got {self.resize_check_s}")
         check_node_labels(self.node_labels, "scaling.node_labels")
         require(self.data_cpus >= 0, "scaling.data_cpus", "must be >= 0")
         require(self.max_wait_s >= 0, "scaling.max_wait_s", f"must be >= 0 (0 = no limit), got {self.max_wait_s}")
@@ -154,6 +174,18 @@ class ScalingConfig:
         require(not (gpus and not self.use_gpu), "scaling.resources_per_worker.GPU",
                 "asks for GPUs while scaling.use_gpu is false; set use_gpu: true")
 
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
     def worker_resources(self, cluster_cpus: float, reserved_cpus: float = 0.0) -> dict[str, float]:
         """The resources each worker asks Ray for, defaults filled in; `reserved_cpus` are held by something else."""
         res = dict(self.resources_per_worker)
@@ -161,7 +193,7 @@ class ScalingConfig:
             res.setdefault("GPU", 1.0)
             res.setdefault("CPU", 1.0)
         elif "CPU" not in res:
-            share = (cluster_cpus - self.data_cpus - reserved_cpus) / self.num_workers
+            share = (cluster_cpus - self.data_cpus - reserved_cpus) / self.max_workers
             res["CPU"] = math.floor(min(1.0, share) * 100) / 100 if share > 0 else 0.0
         return res
 

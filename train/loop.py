@@ -99,6 +99,9 @@ class LoopPlan:
     grad_clip: float = 1.0
     rows_per_micro_batch: int = 1
     seq_len: int = 1
+    global_batch_rows: int = 0
+    """An elastic run's rows per step, kept at every size (`grad_accum_steps` is then set per size: train/worker.py
+    sized_loop); 0 for a fixed-size run."""
 
 
 def _global_sum(values: list[float], device: torch.device) -> list[float]:

@@ -2,8 +2,8 @@
 
 `plan_run(cfg)` runs on the driver before any training worker starts. It raises `ConfigError` naming
 the config field at fault (a missing dataset, a batch larger than the data, a model that does not
-exist, workers that cannot fit, a resume with another worker count than the checkpoints were written
-by) and otherwise returns the `RunPlan` the workers run by.
+exist, workers that cannot fit, a fixed-size resume with another worker count than the checkpoints were
+written by) and otherwise returns the `RunPlan` the workers run by.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from data.prepared import load_manifest
 from core import registry, storage
 from core.config import ConfigError
 from train.capacity import runs_that_fit
-from train.checkpoint import WorldSizeMismatch, check_world_size, newest_trainer_state
+from train.checkpoint import WorldSizeMismatch, check_resumable, newest_trainer_state
 from train.config import TrainConfig
 from train.lora import check_target_modules
 from train.loop import LoopPlan
@@ -105,21 +105,39 @@ def plan_run(cfg: TrainConfig, cluster: dict[str, float]) -> RunPlan:
             raise ConfigError(f"data.manifest_uri: {manifest_uri} has no {split!r} split")
     seq_len = int(manifest["seq_len"])
     train_rows, eval_rows = int(splits["train"]["rows"]), int(splits["eval"]["rows"])
-    t, n = cfg.train, cfg.scaling.num_workers
-
-    # Ray splits each split evenly over the workers, dropping the remainder rows.
-    rows_per_worker = train_rows // n
-    rows_per_step = t.micro_batch_size * t.grad_accum_steps
-    if rows_per_step > rows_per_worker:
-        raise ConfigError(
-            f"train.micro_batch_size: one step takes micro_batch_size {t.micro_batch_size} x grad_accum_steps "
-            f"{t.grad_accum_steps} x num_workers {n} = {rows_per_step * n} rows, but the train split of "
-            f"{manifest_uri} has {train_rows} rows; lower the batch or the worker count"
-        )
+    t, sc = cfg.train, cfg.scaling
+    n = sc.max_workers
+    global_batch = t.micro_batch_size * t.grad_accum_steps * n
+    if sc.elastic:
+        # Every size the run may take must cut the same global batch into whole micro-batches per worker.
+        for w in range(sc.min_workers, sc.max_workers + 1):
+            if global_batch % (t.micro_batch_size * w):
+                raise ConfigError(
+                    f"train.grad_accum_steps: the global batch of micro_batch_size {t.micro_batch_size} x "
+                    f"grad_accum_steps {t.grad_accum_steps} x {n} workers = {global_batch} rows does not split into "
+                    f"micro-batches over {w} workers, a size scaling.num_workers {list(sc.num_workers)} allows; "
+                    f"make it a multiple of micro_batch_size x every size in the range")
+        if global_batch > train_rows:
+            raise ConfigError(
+                f"train.micro_batch_size: one step takes micro_batch_size {t.micro_batch_size} x grad_accum_steps "
+                f"{t.grad_accum_steps} x {n} workers = {global_batch} rows, but the train split of {manifest_uri} "
+                f"has {train_rows} rows; lower the batch or the worker count")
+        # Every worker reads the whole train split in one order and takes its rows of each step (train/batches.py).
+        steps_per_epoch = train_rows // global_batch
+    else:
+        # Ray splits each split evenly over the workers, dropping the remainder rows.
+        rows_per_worker = train_rows // n
+        rows_per_step = t.micro_batch_size * t.grad_accum_steps
+        if rows_per_step > rows_per_worker:
+            raise ConfigError(
+                f"train.micro_batch_size: one step takes micro_batch_size {t.micro_batch_size} x grad_accum_steps "
+                f"{t.grad_accum_steps} x num_workers {n} = {rows_per_step * n} rows, but the train split of "
+                f"{manifest_uri} has {train_rows} rows; lower the batch or the worker count"
+            )
+        steps_per_epoch = rows_per_worker // rows_per_step
     if eval_rows < n:
         raise ConfigError(f"data.manifest_uri: the eval split of {manifest_uri} has {eval_rows} rows, fewer than "
                           f"scaling.num_workers {n}; every worker needs eval rows")
-    steps_per_epoch = rows_per_worker // rows_per_step
     total_steps = t.max_steps or t.epochs * steps_per_epoch
 
     model_uri, model_config, base_model_ref = _model(cfg)
@@ -143,7 +161,7 @@ def plan_run(cfg: TrainConfig, cluster: dict[str, float]) -> RunPlan:
     if resources.get("CPU", 1) <= 0:
         raise ConfigError(f"scaling.data_cpus: the cluster has {cluster.get('CPU', 0):g} CPU and data_cpus keeps "
                           f"{cfg.scaling.data_cpus:g} for Ray Data, leaving none for {n} workers")
-    fit = runs_that_fit(cluster, n, resources, cfg.scaling.data_cpus)
+    fit = runs_that_fit(cluster, sc.min_workers, resources, cfg.scaling.data_cpus)  # an elastic run starts at min
     if fit.runs < 1:
         raise ConfigError(f"scaling.resources_per_worker: {resources} per worker does not fit on this cluster: "
                           f"{fit.explain(1)}")
@@ -153,13 +171,13 @@ def plan_run(cfg: TrainConfig, cluster: dict[str, float]) -> RunPlan:
         total_steps=total_steps, steps_per_epoch=steps_per_epoch, grad_accum_steps=t.grad_accum_steps,
         eval_every_steps=eval_every, checkpoint_every_steps=t.checkpoint_every_steps or eval_every,
         log_every_steps=t.log_every_steps, grad_clip=cfg.optim.grad_clip, rows_per_micro_batch=t.micro_batch_size,
-        seq_len=seq_len,
+        seq_len=seq_len, global_batch_rows=global_batch if sc.elastic else 0,
     )
     run_uri = storage.join(_absolute(cfg.checkpoint.storage_path), cfg.run_name)
     saved = newest_trainer_state(run_uri)
     if saved is not None:
         try:
-            check_world_size(saved[1], n, saved[0])
+            check_resumable(saved[1], n, saved[0], loop.global_batch_rows, elastic=sc.elastic)
         except WorldSizeMismatch as e:
             raise ConfigError(f"scaling.num_workers: run {cfg.run_name} resumes from {e}") from None
     return RunPlan(

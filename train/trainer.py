@@ -70,9 +70,19 @@ a node's grace (30 s by default: checkpoint.notice_grace_s) before the ranks hea
 one GCS call for the whole worker group. A value in the environment wins."""
 
 
-def connect_ray() -> None:
+ELASTIC_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+ELASTIC_START_TIMEOUT_S = "25"
+"""How long Ray Train lets an elastic run's worker group wait to be placed before it asks its scaling policy for a
+size again. The policy counts the nodes from a view Ray's autoscaling coordinator refreshes every 20 s, so right after
+a node is lost it may still count that node and ask for a size that cannot be placed; with Ray's default (60 s) the
+run would stand that long before it tries the size that fits (seen on the stack: 70 s from the loss to the smaller
+group, 25 s with this). A value in the environment wins; fixed-size runs keep Ray's default."""
+
+
+def connect_ray(elastic: bool = False) -> None:
     """Join the cluster and pin, for every process of this job, RAY_ADDRESS (the GCS address), Ray Train's
-    controller poll interval (HEALTH_CHECK_INTERVAL_S) and its preemption watcher's (PREEMPTION_POLL_INTERVAL_S).
+    controller poll interval (HEALTH_CHECK_INTERVAL_S), its preemption watcher's (PREEMPTION_POLL_INTERVAL_S) and,
+    for an elastic run, how long a worker group may wait to be placed (ELASTIC_START_TIMEOUT_S).
 
     Ray Train's detached placement-group cleaner finds its cluster through the state API, which on a
     machine running several Ray clusters picks the newest one unless RAY_ADDRESS says otherwise; the
@@ -82,6 +92,8 @@ def connect_ray() -> None:
     gcs = ray_address()
     env = {HEALTH_CHECK_INTERVAL_ENV: os.environ.get(HEALTH_CHECK_INTERVAL_ENV, HEALTH_CHECK_INTERVAL_S),
            PREEMPTION_POLL_INTERVAL_ENV: os.environ.get(PREEMPTION_POLL_INTERVAL_ENV, PREEMPTION_POLL_INTERVAL_S)}
+    if elastic:
+        env[ELASTIC_START_TIMEOUT_ENV] = os.environ.get(ELASTIC_START_TIMEOUT_ENV, ELASTIC_START_TIMEOUT_S)
     if gcs:
         env["RAY_ADDRESS"] = gcs
     init_ray(runtime_env={"env_vars": env})
@@ -107,7 +119,8 @@ def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, ca
     resources = dict(plan.resources_per_worker)
     scaling = ray.train.ScalingConfig(num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
                                       resources_per_worker=resources,
-                                      label_selector=dict(cfg.scaling.node_labels) or None)
+                                      label_selector=dict(cfg.scaling.node_labels) or None,
+                                      elastic_resize_monitor_interval_s=cfg.scaling.resize_check_s)
     # preserve_order makes the row order and the split deterministic (locality hints off), so equal seeds
     # give equal runs and a resumed run can skip exactly the micro-batches it already trained on. The
     # materialized splits are read here, in the driver, so its context must keep the order too.
@@ -115,7 +128,10 @@ def build_trainer(cfg: TrainConfig, plan: RunPlan, mlflow_run_id: str | None, ca
     datasets = {split: read_split(plan.manifest_uri, split) for split in ("train", "eval")}
     for split in cfg.data.materialize:
         datasets[split] = datasets[split].materialize()
-    data_config = ray.train.DataConfig(execution_options=ExecutionOptions(preserve_order=True))
+    # An elastic run's workers each read the whole train split and take their rows of one global order
+    # (train/batches.py); eval is split either way.
+    data_config = ray.train.DataConfig(datasets_to_split=["eval"] if cfg.scaling.elastic else "all",
+                                       execution_options=ExecutionOptions(preserve_order=True))
     return TorchTrainer(
         train_fn_per_worker,
         train_loop_config={"cfg": to_dict(cfg), "plan": plan.to_dict(), "mlflow_run_id": mlflow_run_id,
@@ -145,7 +161,7 @@ def main(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) the training job `cfg.run_name`; raise ConfigError before any worker starts on bad input."""
     import ray
 
-    connect_ray()
+    connect_ray(elastic=cfg.scaling.elastic)
     plan = plan_run(cfg, ray.cluster_resources())
     with training_run(cfg, plan) as run_id:
         with ResourceWatch("train", max_wait_s=cfg.scaling.max_wait_s):

@@ -124,6 +124,11 @@ class TuneConfig:
                 f"set mode: {metrics[self.metric]}")
         base = self.base_config()
         t = base.train
+        train_cfg = self.base_train_config()
+        if train_cfg.scaling.elastic:
+            require(False, self.overrides_field(),
+                    f"scaling.num_workers {list(train_cfg.scaling.num_workers)} is an elastic size; a search's trials "
+                    f"share the cluster at a fixed size each, so give one number")
         # ASHA compares trials at every report (each checkpoint); a stale eval metric would compare nothing.
         fresh = t.eval_every_steps > 0 and t.checkpoint_every_steps in (0, t.eval_every_steps)
         require(not self.metric.startswith("eval_") or fresh,

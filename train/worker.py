@@ -13,7 +13,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from dataclasses import replace
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -31,36 +32,17 @@ from train.checkpoint import (
     mark_committed,
     save_checkpoint,
 )
+from train.batches import GlobalOrderBatches, ShardBatches
 from train.config import TrainConfig
 from train.export import export_model
 from train.fsdp import build_sharded_model
-from train.loop import TOKEN_CROSS_ENTROPY, Batch, all_ranks, rank_values, train_loop
+from train.loop import TOKEN_CROSS_ENTROPY, LoopPlan, all_ranks, rank_values, train_loop
 from train.mfu import mfu, peak_flops, train_flops_per_token
 from train.notice import Decision, Notice, NoticeSaver, SaveTimes
 from train.optimizer import adam_state_summary, build_optimizer
 from train.preflight import RunPlan
 from train.step_hook import load_step_hook
 from train.tracking import MetricLogger
-
-
-class ShardBatches:
-    """A `BatchSource` over this worker's Ray Data shards: deterministic order, reseeded shuffle per epoch."""
-
-    def __init__(self, train_shard, eval_shard, cfg: TrainConfig, device: torch.device,
-                 dtypes: torch.dtype | dict[str, torch.dtype] = torch.int64):
-        self.train_shard, self.eval_shard = train_shard, eval_shard
-        self.cfg, self.device, self.dtypes = cfg, device, dtypes
-
-    def train_batches(self, epoch: int) -> Iterable[Batch]:
-        buffer = self.cfg.data.shuffle_buffer_rows or None
-        return self.train_shard.iter_torch_batches(
-            batch_size=self.cfg.train.micro_batch_size, drop_last=True, dtypes=self.dtypes, device=self.device,
-            local_shuffle_buffer_size=buffer, local_shuffle_seed=self.cfg.train.seed + epoch if buffer else None,
-        )
-
-    def eval_batches(self) -> Iterable[Batch]:
-        return self.eval_shard.iter_torch_batches(batch_size=self.cfg.train.eval_batch_size, dtypes=self.dtypes,
-                                                  device=self.device)
 
 
 class RayHooks:
@@ -87,7 +69,8 @@ class RayHooks:
         if self.rank != 0:
             return
         utilization = mfu(self.flops_per_token, metrics["tokens_per_s"], self.world, self.peak)
-        self.logger.log(state.step, {**metrics, **({"mfu": utilization} if utilization is not None else {})})
+        self.logger.log(state.step, {**metrics, "workers": float(self.world),
+                                     **({"mfu": utilization} if utilization is not None else {})})
         for name, key in (("rayline_train_loss", "loss"), ("rayline_train_tokens_per_second", "tokens_per_s"),
                           ("rayline_train_step_seconds", "step_time_s")):
             metrics_api.gauge(name, metrics[key], **self.tags)
@@ -186,7 +169,7 @@ def commit_checkpoint(uri: str, step: int, rank: int) -> None:
     if missing:
         print(f"warning: {uri} is missing {sorted(missing)} after every rank reported it; not committed", flush=True)
         return
-    mark_committed(uri, step)
+    mark_committed(uri, step, world)
 
 
 def _model_dir(plan: RunPlan, local_rank: int) -> str:
@@ -234,6 +217,36 @@ def ray_notice() -> Notice | None:
                   nodes=tuple(info.preempted_node_ids), ranks=tuple(info.preempted_ranks))
 
 
+def sized_loop(loop: LoopPlan, world: int) -> LoopPlan:
+    """The plan at `world` workers: an elastic run keeps its global batch, accumulating more micro-batches on fewer."""
+    if not loop.global_batch_rows:
+        return loop
+    return replace(loop, grad_accum_steps=loop.global_batch_rows // (loop.rows_per_micro_batch * world))
+
+
+def resize_state(state: TrainerState, loop: LoopPlan, world: int) -> int:
+    """Carry an elastic run's data position from the size that wrote `state` to `world` workers (the steps taken in
+    the epoch stay; each stands for another count of micro-batches per worker). Returns the old size."""
+    old = state.world_size
+    steps_in = state.micro_batches_into_epoch // sized_loop(loop, old).grad_accum_steps
+    state.micro_batches_into_epoch = steps_in * sized_loop(loop, world).grad_accum_steps
+    state.world_size = world
+    return old
+
+
+def resize_record(old: int, step: int, run_id: str | None, world: int) -> dict[str, float]:
+    """What a resize cost, as metrics at the step it resumed from: the sizes before and after, and the steps the run
+    had taken beyond that checkpoint before the group stopped (logged to MLflow, so redone now)."""
+    lost = 0
+    if run_id:
+        from core import registry
+
+        taken = [m.step for m in registry.client().get_metric_history(run_id, "loss")]
+        lost = max(0, max(taken, default=step) - step)
+    print(f"resized from {old} to {world} workers at step {step} ({lost} steps to redo)", flush=True)
+    return {"resize/from_workers": float(old), "resize/to_workers": float(world), "resize/steps_lost": float(lost)}
+
+
 def train_fn_per_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
@@ -255,15 +268,21 @@ def train_fn_per_worker(config: dict) -> None:
     optimizer, scheduler = build_optimizer(model, cfg.optim, plan.total_steps)
     logger = MetricLogger(config.get("mlflow_run_id") if rank == 0 else None)
 
-    state = TrainerState(world_size=world)
+    loop = sized_loop(plan.loop, world)
+    state = TrainerState(world_size=world, global_batch_rows=plan.loop.global_batch_rows)
     checkpoint = _resume_checkpoint(ray.train.get_checkpoint(), plan.run_uri, rank, world)
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
-            state = load_checkpoint(ckpt_dir, model, optimizer, scheduler, rank)
+            state = load_checkpoint(ckpt_dir, model, optimizer, scheduler, rank, plan.loop.global_batch_rows)
         resumed = {"resume/step": state.step, **{f"resume/{k}": v for k, v in adam_state_summary(optimizer).items()}}
+        if state.world_size != world:
+            resized = resize_state(state, plan.loop, world)
+            torch.manual_seed(cfg.train.seed + state.step)  # the per-rank RNG states were not loaded: reseed them
+            if rank == 0:
+                resumed.update(resize_record(resized, state.step, config.get("mlflow_run_id"), world))
         if rank == 0:
             logger.log(state.step, resumed)
-            print(f"resumed from {checkpoint.path} at step {state.step} (epoch {state.epoch}, "
+            print(f"resumed from {checkpoint.path} at step {state.step} on {world} workers (epoch {state.epoch}, "
                   f"{state.micro_batches_into_epoch} micro-batches in)", flush=True)
 
     export_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
@@ -290,11 +309,13 @@ def train_fn_per_worker(config: dict) -> None:
     hooks.on_start(state)
     # The objective travels pickled in the config (posttrain's DPO loss); without one, next-token cross-entropy.
     objective = config.get("objective") or TOKEN_CROSS_ENTROPY
-    source = ShardBatches(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("eval"), cfg, device,
-                          objective.batch_dtypes)
+    shards = (ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("eval"), cfg, device,
+              objective.batch_dtypes)
+    source = (GlobalOrderBatches(*shards, rank, world, loop.global_batch_rows, loop.steps_per_epoch)
+              if loop.global_batch_rows else ShardBatches(*shards))
     mask_dtype = torch.bfloat16 if cfg.bf16 else torch.float32
     try:
-        train_loop(model, optimizer, scheduler, source, plan.loop, state, hooks, device, mask_dtype,
+        train_loop(model, optimizer, scheduler, source, loop, state, hooks, device, mask_dtype,
                    after_step=load_step_hook(rank, world), objective=objective, notice=notice)
     finally:
         logger.flush()

@@ -206,6 +206,21 @@ def test_jobs_autoscale_from_the_profiles_minimum_when_asked(profile):
     assert "enableInTreeAutoscaling" not in rollout["spec"]["rayClusterSpec"]
 
 
+def test_an_elastic_run_gets_a_worker_group_that_scales_between_its_min_and_max(profile):
+    """scaling.num_workers: [min, max]: the cluster starts with min worker pods and its autoscaler adds pods up to max
+    as Ray Train asks for them (train/config.py ScalingConfig.num_workers)."""
+    doc = render.render("train", str(ROOT / "configs/train/tiny.yaml"), profile, ["scaling.num_workers=[1, 2]"])
+    cluster = doc["spec"]["rayClusterSpec"]
+    assert cluster["enableInTreeAutoscaling"] is True and cluster["autoscalerOptions"]["version"] == "v2"
+    group = _worker_group(doc)
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 2)
+    assert validate_manifest(doc, project_root=ROOT, profile=profile) == []
+    gpu = _worker_group(render.render("train", str(ROOT / "configs/train/small_gpu.yaml"), profile,
+                                      ["scaling.num_workers=[8, 16]"]))
+    assert gpu["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8  # whole H100 nodes
+    assert (gpu["minReplicas"], gpu["maxReplicas"]) == (1, 2)
+
+
 def test_autoscaler_settings_the_validator_refuses_are_named(profile):
     doc = render.render("serve", str(ROOT / "configs/serve/tiny_cpu.yaml"), profile,
                         ["autoscaling.min_replicas=1", "autoscaling.max_replicas=3"])

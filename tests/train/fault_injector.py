@@ -26,15 +26,21 @@ from train.step_hook import STEP_HOOK_ARGS_ENV, STEP_HOOK_ENV
 
 
 def fault_env(at: str, marker: Path | str, kind: str = "process", rank: int | None = None,
-              notice_wait_s: float | None = None) -> dict[str, str]:
-    """The environment that installs this injector in a training stage's workers."""
+              notice_wait_s: float | None = None, slow_below: int = 0, pause_s: float = 0.0) -> dict[str, str]:
+    """The environment that installs this injector in a training stage's workers. With `slow_below`, every step of a
+    worker group smaller than that also takes `pause_s` longer (slow nodes: a smaller group's phase outlasts the
+    return of a lost node, whatever the machine's speed)."""
     args = {"at": at, "marker": str(marker), "kind": kind, **({"target_rank": rank} if rank is not None else {}),
-            **({"notice_wait_s": notice_wait_s} if notice_wait_s is not None else {})}
+            **({"notice_wait_s": notice_wait_s} if notice_wait_s is not None else {}),
+            **({"slow_below": slow_below, "pause_s": pause_s} if slow_below else {})}
     return {STEP_HOOK_ENV: f"{__name__}:after_step", STEP_HOOK_ARGS_ENV: json.dumps(args)}
 
 
 def after_step(step: int, rank: int, world_size: int, *, at: str, marker: str, kind: str = "process",
-               target_rank: int | None = None, notice_wait_s: float = 4.0) -> None:
+               target_rank: int | None = None, notice_wait_s: float = 4.0, slow_below: int = 0,
+               pause_s: float = 0.0) -> None:
+    if world_size < slow_below:
+        time.sleep(pause_s)
     if not at or step not in {int(s) for s in at.split(",")}:
         return
     target = world_size - 1 if target_rank is None else target_rank

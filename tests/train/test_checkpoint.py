@@ -1,4 +1,4 @@
-"""Which checkpoint a restarted run resumes from, and which worker count may resume it."""
+"""Which checkpoint a restarted run resumes from, and which worker count may resume it (any, for an elastic run)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from train.checkpoint import (
     TrainerState,
     WorldSizeMismatch,
+    check_resumable,
     checkpoint_files,
     COMMITTED,
     latest_complete_checkpoint,
@@ -126,3 +127,59 @@ def test_rng_state_loads_without_unpickling(tmp_path):
     set_rng_state(torch.load(tmp_path / "rng_rank0.pt", weights_only=True))
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(drawn[0], again[0]) and (drawn[1] == again[1]).all() and drawn[2] == again[2]
+
+
+def test_an_elastic_run_resumes_a_checkpoint_of_any_size_with_the_same_global_batch(tmp_path):
+    """Its data position is global (train/batches.py): any size goes, but not another global batch, and neither kind
+    of run continues the other's checkpoint (their data orders differ)."""
+    elastic = TrainerState(step=6, world_size=2, global_batch_rows=16)
+    for world in (1, 2, 3):
+        check_resumable(elastic, world, "ckpt", global_batch_rows=16, elastic=True)
+    with pytest.raises(WorldSizeMismatch, match=r"ckpt: this checkpoint was written with a global batch of 16 rows but "
+                                                r"the run now takes 32"):
+        check_resumable(elastic, 2, "ckpt", global_batch_rows=32, elastic=True)
+    with pytest.raises(WorldSizeMismatch, match=r"ckpt: this checkpoint was written by an elastic run; resume it with "
+                                                r"scaling\.num_workers as its \[min, max\] range"):
+        check_resumable(elastic, 2, "ckpt")
+    with pytest.raises(WorldSizeMismatch, match=r"ckpt: this checkpoint was written by a fixed-size run of 2 workers, "
+                                                r"whose data order is per worker; an elastic run cannot continue it"):
+        check_resumable(TrainerState(step=6, world_size=2), 2, "ckpt", global_batch_rows=16, elastic=True)
+
+
+def test_a_checkpoint_is_complete_for_the_size_its_marker_names(tmp_path):
+    """A resized run looks for checkpoints of the size that wrote them, not of its own."""
+    run = tmp_path / "run"
+    write_checkpoint(run, 3, checkpoint_files(2) - {COMMITTED})
+    mark_committed(str(run / "checkpoint_step000003"), 3, world_size=2)
+    write_checkpoint(run, 6, checkpoint_files(1) - {COMMITTED})
+    mark_committed(str(run / "checkpoint_step000006"), 6, world_size=1)
+    write_checkpoint(run, 9, checkpoint_files(1) - {COMMITTED})  # a 2-rank checkpoint that lacks rank 1's files
+    mark_committed(str(run / "checkpoint_step000009"), 9, world_size=2)
+    for world in (1, 2, 4):
+        assert latest_complete_checkpoint(str(run), world) == "checkpoint_step000006"
+
+
+def test_an_elastic_checkpoint_loads_at_another_size_without_its_rank_rng(tmp_path, one_process_group):
+    """One process resumes what 2 ranks wrote (DCP reshards; a 1-rank layout is the whole tensor): the weights and
+    Adam's state come back, the position stays the writer's for the caller to carry over, and no rank's RNG file is
+    loaded into a rank that did not write it."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    save_checkpoint(tmp_path / "ckpt", model, optimizer,
+                    TrainerState(step=6, world_size=2, micro_batches_into_epoch=6, global_batch_rows=16), rank=0)
+    torch.manual_seed(1)
+    fresh = torch.nn.Linear(4, 4)
+    fresh_opt = torch.optim.AdamW(fresh.parameters())
+    drawn = torch.rand(1)  # the generator's next draw, which a loaded RNG state would change
+    torch.manual_seed(1)
+    torch.nn.Linear(4, 4)
+    state = load_checkpoint(tmp_path / "ckpt", fresh, fresh_opt,
+                            torch.optim.lr_scheduler.LambdaLR(fresh_opt, lambda step: 1.0), rank=0, global_batch_rows=16)
+    assert (state.step, state.world_size, state.micro_batches_into_epoch) == (6, 2, 6)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(torch.rand(1), drawn)

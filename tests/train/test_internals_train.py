@@ -1,4 +1,4 @@
-"""Guards for the private Ray internals that train/ relies on (docs/INTERNALS.md, rows T1-T3). Fast: imports only,
+"""Guards for the private Ray internals that train/ relies on (docs/INTERNALS.md, rows T1-T4). Fast: imports only,
 no cluster. Ray 2.60.0 at the time of writing."""
 
 from __future__ import annotations
@@ -58,3 +58,20 @@ def test_sigterm_to_ray_start_drains_its_node_as_a_preemption_with_a_deadline():
     assert "DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION" in drain and "deadline_timestamp_ms" in drain
     assert "shutdown_at_exit=block" in inspect.getsource(scripts.start.callback)
     assert "get_draining_nodes()" in inspect.getsource(preemption)
+
+
+def test_worker_group_start_timeout_env_is_ray_trains():
+    """T4, train/trainer.py `connect_ray(elastic=True)` (ELASTIC_START_TIMEOUT_ENV): Ray Train names how long a worker
+    group may wait for its placement group RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, propagates it from the driver to the
+    controller, and the worker group reads it; the elastic policy's node view is Ray Data's coordinator's, refreshed
+    every 20 s, which the timeout must outlast for the retry to see a lost node gone."""
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import _AutoscalingCoordinatorActor
+    from ray.train.v2._internal import constants
+    from ray.train.v2._internal.execution.worker_group import worker_group
+
+    from train.trainer import ELASTIC_START_TIMEOUT_ENV, ELASTIC_START_TIMEOUT_S
+
+    assert constants.WORKER_GROUP_START_TIMEOUT_S_ENV_VAR == ELASTIC_START_TIMEOUT_ENV
+    assert ELASTIC_START_TIMEOUT_ENV in constants.ENV_VARS_TO_PROPAGATE
+    assert "WORKER_GROUP_START_TIMEOUT_S_ENV_VAR" in inspect.getsource(worker_group)
+    assert _AutoscalingCoordinatorActor.TICK_INTERVAL_S < float(ELASTIC_START_TIMEOUT_S)

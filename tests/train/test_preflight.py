@@ -25,6 +25,39 @@ def test_plan_of_the_test_config(make_train_config):
     assert plan.export_uri.endswith("/export") and Path(plan.model_uri).is_absolute()
 
 
+def test_an_elastic_plan_keeps_one_global_batch_for_every_size(make_train_config):
+    plan = plan_run(make_train_config("scaling.num_workers=[1, 2]"), {"CPU": 2.0})
+    # Every worker reads the whole split: an epoch is its whole global batches of 8 x 1 x 2 rows.
+    assert plan.loop.global_batch_rows == 16 and plan.steps_per_epoch == plan.train_rows // 16
+    assert plan.resources_per_worker == {"CPU": 0.5}  # sized for the largest group
+    assert plan_run(make_train_config(), {"CPU": 2.0}).loop.global_batch_rows == 0  # a fixed-size run
+    with pytest.raises(ConfigError, match=r"train\.grad_accum_steps: the global batch of micro_batch_size 8 x "
+                                          r"grad_accum_steps 1 x 3 workers = 24 rows does not split into micro-batches "
+                                          r"over 2 workers, a size scaling\.num_workers \[2, 3\] allows"):
+        plan_run(make_train_config("scaling.num_workers=[2, 3]"), {"CPU": 64.0})
+    # The smallest group must fit; the largest need not yet.
+    big = make_train_config("scaling.num_workers=[1, 4]", "train.grad_accum_steps=3", "scaling.resources_per_worker={CPU: 1}")
+    assert plan_run(big, {"CPU": 2.0}).loop.global_batch_rows == 8 * 3 * 4  # 1, 2, 3 or 4 workers: 12, 6, 4 or 3 each
+
+
+def test_an_elastic_checkpoint_resumes_elastic_only(make_train_config, tmp_path):
+    from dataclasses import asdict
+
+    from train.checkpoint import TrainerState, mark_committed
+
+    ckpt = tmp_path / "elastic" / "checkpoint_step000003"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps(asdict(TrainerState(step=3, world_size=1,
+                                                                            global_batch_rows=16))))
+    mark_committed(str(ckpt), 3, world_size=1)
+    again = make_train_config("scaling.num_workers=[1, 2]", storage=str(tmp_path), run_name="elastic")
+    assert plan_run(again, {"CPU": 2.0}).loop.global_batch_rows == 16
+    fixed = make_train_config(storage=str(tmp_path), run_name="elastic")
+    with pytest.raises(ConfigError, match=r"scaling\.num_workers: run elastic resumes from .*checkpoint_step000003: "
+                                          r"this checkpoint was written by an elastic run"):
+        plan_run(fixed, {"CPU": 2.0})
+
+
 @pytest.mark.parametrize("override, message", [
     ("train.micro_batch_size=100", r"train\.micro_batch_size: one step takes micro_batch_size 100 x grad_accum_steps 1 "
                                    r"x num_workers 2 = 200 rows, but the train split of .* has \d+ rows"),

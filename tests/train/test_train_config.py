@@ -47,10 +47,31 @@ def test_cpu_workers_share_what_data_ingest_leaves():
     ("checkpoint.notice_grace_s=0", "checkpoint.notice_grace_s: must be > 0 seconds"),
     ("checkpoint.save_estimate_s=-1", "checkpoint.save_estimate_s: must be >= 0 seconds"),
     ("scaling.node_labels={rayline.io/node: 'in(worker-1'}", "scaling.node_labels.rayline.io/node: Invalid label selector"),
+    ("scaling.num_workers=[2, 1]", "scaling.num_workers: [2, 1]: an elastic size needs 1 <= min <= max"),
+    ("scaling.num_workers=[0, 2]", "scaling.num_workers: [0, 2]: an elastic size needs 1 <= min <= max"),
+    ("scaling.num_workers=[1, 2, 4]", "scaling.num_workers: [1, 2, 4]: an elastic size is [min, max], two numbers"),
+    ("scaling.resize_check_s=0", "scaling.resize_check_s: must be > 0 seconds"),
 ])
 def test_bad_train_fields_are_named(override, field):
     with pytest.raises(ConfigError, match=field.replace("(", r"\(").replace("[", r"\[").replace("]", r"\]")):
         load_config(TrainConfig, TINY, [override])
+
+
+def test_an_elastic_size_is_a_range_shared_by_its_largest_group():
+    cfg = load_config(TrainConfig, TINY, ["scaling.num_workers=[1, 2]", "scaling.resize_check_s=5"])
+    assert cfg.scaling.elastic and cfg.scaling.num_workers == (1, 2)
+    assert (cfg.scaling.min_workers, cfg.scaling.max_workers) == (1, 2)
+    assert cfg.scaling.worker_resources(cluster_cpus=2) == {"CPU": 0.5}  # what 2 workers can have beside ingest
+    fixed = load_config(TrainConfig, TINY)
+    assert not fixed.scaling.elastic and (fixed.scaling.min_workers, fixed.scaling.max_workers) == (2, 2)
+
+
+def test_an_elastic_run_cannot_be_pinned_by_node_labels():
+    """Ray Train sizes an elastic group by the resources that fit, labels aside: pinned by labels, a run could wait
+    forever for a size that the labels forbid."""
+    with pytest.raises(ConfigError, match=r"scaling\.node_labels: cannot pin an elastic run by node labels.*custom "
+                                          r"resource"):
+        load_config(TrainConfig, TINY, ["scaling.num_workers=[1, 2]", "scaling.node_labels={rayline.io/node: worker-1}"])
 
 
 def write_tune(tmp_path, **changes) -> Path:
@@ -81,6 +102,9 @@ def test_shipped_tune_config_validates():
     ({"train_config": "configs/train/missing.yaml"}, "train_config: .*missing.yaml: config file not found"),
     ({"train_overrides": ["optim.lrr=1"]}, "train_config: <overrides>|train_config: .*optim.lrr: unknown field"),
     ({"num_samples": 0}, "num_samples: must be >= 1"),
+    ({"train_overrides": ["scaling.num_workers=[1, 2]"]},
+     r"train_overrides: scaling.num_workers \[1, 2\] is an elastic size; a search's trials share the cluster at a "
+     r"fixed size each"),
     ({"train_overrides": ["train.epochs=1", "train.eval_every_steps=0"]},
      r"train_overrides: eval_loss is compared at every checkpoint.*eval_every_steps \(0\) must be set"),
 ])

@@ -1,0 +1,125 @@
+"""An elastic run end to end on the test stack: `python -m pipelines.train` with `scaling.num_workers: [1, 2]` on two
+1-CPU worker nodes, one of which is lost mid-run and comes back.
+
+The run starts on 2 workers (pinned to the worker nodes by their custom resource: Ray Train counts an elastic group's
+size by resources alone). Right after step 8 the last rank's whole node is SIGKILLed: the run must go on with 1 worker
+from its checkpoint at step 6 (resharded by DCP, the same global batch as 2 micro-batches on one worker), without
+waiting for a replacement. Once that worker has committed a checkpoint of its own, a fresh node joins under the same
+resource, as KubeRay replaces a lost pod, and the run must grow back to 2 workers and finish there. A reference run
+of the same config that never resized reads the same rows at every step (train/batches.py), so every loss the
+resized run logged, at either size, must be the reference's at that step up to float summation order.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from core import storage
+from stack import faults as stack_faults, lifecycle as stack
+from stack.ray_node import WORKER_NODE_RESOURCE
+from tests.train.fault_injector import fault_env
+from tests.train.test_train_stage import Result
+from train.checkpoint import newest_trainer_state
+
+pytestmark = pytest.mark.timeout(1800)
+STEPS = 40
+KILL_AFTER = 8
+ELASTIC = ("scaling.num_workers=[1, 2]", f"scaling.resources_per_worker={{CPU: 1, {WORKER_NODE_RESOURCE}: 1}}",
+           "scaling.resize_check_s=5", f"train.max_steps={STEPS}", "train.eval_every_steps=8")
+# A shrink waits for Ray to see the node gone and for a group of 1 to start; a grow for Ray's autoscaling coordinator
+# to see the node back (it looks every 20 s), the next resize check (5 s here) and a group of 2 to start.
+SHRINK_WITHIN_S = 120
+GROW_WITHIN_S = 150
+PAUSE_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def reference(make_train_config, run_stage, worker_nodes):
+    """The same elastic config on the same two worker nodes, never resized."""
+    cfg = make_train_config(*ELASTIC)
+    run = run_stage("train", cfg)
+    assert run.returncode == 0 and run.result, str(run)
+    return cfg, Result(run.result), run
+
+
+@pytest.fixture(scope="module")
+def resized(reference, make_train_config, start_stage, worker_nodes, tmp_path_factory):
+    marker = tmp_path_factory.mktemp("elastic") / "fired"
+    cfg = make_train_config(*ELASTIC)
+    run_uri = storage.join(cfg.checkpoint.storage_path, cfg.run_name)
+    # Steps of 1 worker take PAUSE_S longer, so that the run is still going when the grow can come.
+    started = start_stage("train", cfg, env=fault_env(at=str(KILL_AFTER), marker=marker, kind="node", slow_below=2,
+                                                      pause_s=PAUSE_S))
+    times = {}
+    deadline = time.monotonic() + 900
+    while not marker.exists() and started.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), str(started.finish(timeout=5))
+    times["killed"] = time.monotonic()
+    lost = int(re.search(r"node worker-(\d+)", marker.read_text()).group(1))
+    if stack.pid_alive(stack.read_state(worker_nodes.state)["pids"].get(f"ray-worker-{lost}", -1)):
+        stack_faults.kill_node(worker_nodes, lost)
+    # The node stays away until the group of 1 has committed a checkpoint of its own past the one it resumed from.
+    while started.proc.poll() is None and time.monotonic() < times["killed"] + 600:
+        saved = newest_trainer_state(run_uri)
+        if saved and saved[1].world_size == 1 and saved[1].step > KILL_AFTER:
+            break
+        time.sleep(0.5)
+    times["one_worker_saved"] = time.monotonic()
+    stack.up(worker_nodes, parts=["nodes"])
+    times["node_back"] = time.monotonic()
+    run = started.finish(timeout=900)
+    assert run.returncode == 0 and run.result, str(run)
+    return cfg, Result(run.result), run, times
+
+
+def test_a_lost_node_shrinks_the_run_and_a_returned_one_grows_it_back(resized, history, record_property):
+    cfg, result, run, times = resized
+    assert result.final_step == STEPS, str(run)
+    shrink = re.search(r"resized from 2 to 1 workers at step (\d+) \((\d+) steps to redo\)", run.stdout)
+    grow = re.search(r"resized from 1 to 2 workers at step (\d+) \((\d+) steps to redo\)", run.stdout)
+    assert shrink and grow, str(run)
+    assert int(shrink.group(1)) == 6  # checkpoints every 3 steps: 6 was the last before the loss after step 8
+    shrunk_at, grown_at = int(shrink.group(1)), int(grow.group(1))
+    assert KILL_AFTER < grown_at < STEPS
+
+    run_id = result.mlflow_run_id
+    resizes = [(step, value) for step, value in history.values(run_id, "resize/to_workers")]
+    assert resizes == [(shrunk_at, 1.0), (grown_at, 2.0)]
+    assert [v for _, v in history.values(run_id, "resize/from_workers")] == [2.0, 1.0]
+    lost = dict(history.values(run_id, "resize/steps_lost"))
+    assert 0 <= lost[shrunk_at] <= KILL_AFTER - shrunk_at and 0 <= lost[grown_at] <= 3, lost
+    # The size every step ran at: 2 before the loss, 1 from the checkpoint at 6 on, 2 again from the grow to the end.
+    workers = history.values(run_id, "workers")
+    assert {s for s, w in workers if w == 1.0} >= set(range(shrunk_at + 1, KILL_AFTER + 2))
+    assert all(w == 2.0 for s, w in workers if s <= shrunk_at)
+    assert history.curve(run_id, "workers")[STEPS] == 2.0
+
+    # Within bounded times, measured from the kill (and from the node's return) to the first step at the new size.
+    first_at = {size: min(m.timestamp for m in history.client.get_metric_history(run_id, "workers")
+                          if m.value == size and m.step > (shrunk_at if size == 1 else grown_at)) / 1000
+                for size in (1.0, 2.0)}
+    offset = time.time() - time.monotonic()
+    record_property("shrink_s", round(first_at[1.0] - (times["killed"] + offset), 1))  # in the junit report
+    record_property("grow_s", round(first_at[2.0] - (times["node_back"] + offset), 1))
+    assert first_at[1.0] - (times["killed"] + offset) < SHRINK_WITHIN_S, first_at
+    assert first_at[2.0] - (times["node_back"] + offset) < GROW_WITHIN_S, first_at
+
+
+def test_the_resized_run_trains_on_the_rows_and_reaches_the_model_of_one_that_never_resized(
+        reference, resized, history):
+    ref, run = reference[1], resized[1]
+    ref_loss = history.curve(ref.mlflow_run_id)
+    assert sorted(ref_loss) == list(range(1, STEPS + 1))
+    assert set(history.curve(ref.mlflow_run_id, "workers").values()) == {2.0}  # the reference never resized
+    # Every loss the resized run logged, at 2 workers, at 1 (the same global batch as 2 micro-batches) and at 2 again,
+    # is the reference's at that step: the same rows, the same weights, only summed in another order.
+    logged = history.values(run.mlflow_run_id, "loss")
+    assert {s for s, _ in logged} == set(range(1, STEPS + 1))
+    for step, value in logged:
+        assert value == pytest.approx(ref_loss[step], rel=1e-4, abs=1e-5), (step, value, ref_loss[step])
+    assert run.eval_loss == pytest.approx(ref.eval_loss, rel=1e-4)
+    assert run.eval_loss < run.first_eval_loss - 1.0
