@@ -43,6 +43,14 @@ class IcebergCatalog:
     type: Literal["sql"] = "sql"
 
 
+def require_distinct_fields(columns: dict[str, str], where: str) -> None:
+    """A table's column mapping gives each column a record field of its own (ConfigError naming `<where>.<column>`)."""
+    fields = list(columns.values())
+    for i, (column, name) in enumerate(columns.items()):
+        require(bool(name.strip()) and name not in fields[:i], f"{where}.{column}",
+                f"{name!r}: each column needs a field name of its own")
+
+
 @dataclass
 class IcebergTable:
     """An Apache Iceberg table read as training records (data/iceberg_source.py), at one snapshot."""
@@ -69,10 +77,7 @@ class IcebergTable:
         require(bool(self.catalog.warehouse.strip()), "iceberg.catalog.warehouse", "empty path")
         require(bool(self.key_column.strip()), "iceberg.key_column", "name an integer column that identifies a row")
         require(self.snapshot_id >= 0, "iceberg.snapshot_id", f"{self.snapshot_id} must be >= 0 (0 = current)")
-        fields = list(self.columns.values())
-        for i, (column, name) in enumerate(self.columns.items()):
-            require(bool(name.strip()) and name not in fields[:i], f"iceberg.columns.{column}",
-                    f"{name!r}: each column needs a field name of its own")
+        require_distinct_fields(self.columns, "iceberg.columns")
 
 
 @dataclass
@@ -96,10 +101,7 @@ class DeltaSource:
         require(bool(self.uri.strip()), "delta.uri", "empty path")
         require(bool(self.key_column.strip()), "delta.key_column", "name an integer column that identifies a row")
         require(self.version >= -1, "delta.version", f"{self.version} must be >= 0, or -1 for the current version")
-        fields = list(self.columns.values())
-        for i, (column, name) in enumerate(self.columns.items()):
-            require(bool(name.strip()) and name not in fields[:i], f"delta.columns.{column}",
-                    f"{name!r}: each column needs a field name of its own")
+        require_distinct_fields(self.columns, "delta.columns")
 
 
 @dataclass

@@ -90,12 +90,10 @@ class Roles:
         self.policy = self._policy()
         self.ready()
 
-    def ready(self) -> float:
+    def ready(self) -> None:
         """Wait until every engine and policy rank is up (their engines started, weights loaded, process group
-        joined): the start-up stays out of the first step's time. Returns the seconds waited."""
-        start = time.perf_counter()
+        joined): the start-up stays out of the first step's time."""
         ray.get([a.pid.remote() for a in self.pool.actors + self.policy])
-        return time.perf_counter() - start
 
     def _policy(self) -> list:
         p = self.cfg.policy

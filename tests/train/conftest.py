@@ -2,81 +2,22 @@
 
 The integration tests run the real entry points, `python -m pipelines.train` / `pipelines.tune`, in
 subprocesses against the test stack (Ray head with 2 CPUs, MLflow, Swift S3), as a user or a RayJob
-would; each prints its result as one JSON line. The prepared dataset comes from
-`python -m pipelines.prepare_data`, run once per session.
+would; each prints its result as one JSON line (tests/train/stages.py, which bench/bench_faults.py uses too). The
+prepared dataset comes from `python -m pipelines.prepare_data`, run once per session.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from core.config import dump_yaml, load_config
-from train.config import TrainConfig
-
-ROOT = Path(__file__).resolve().parents[2]
-TEST_EXPERIMENT = "rayline-test-train"
-
-# 128 train rows / 2 workers / micro-batch 8 = 8 steps per epoch: 12 steps cross an epoch boundary,
-# checkpoints every 3 steps land mid-epoch (3, 6) and on the boundary's far side (9, 12).
-FAST = [
-    "train.micro_batch_size=8", "train.max_steps=12", "train.checkpoint_every_steps=3", "train.eval_every_steps=4",
-    "train.eval_batch_size=16",
-]
+from tests.train.stages import History, StageRun, prepare_sample_data, start_stage as start_process, train_config
 
 
 @pytest.fixture(scope="session")
 def prepared_manifest(local_stack, sample_corpus_dir, tiny_model_dir, tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("prepared")
-    corpus = Path(sample_corpus_dir)
-    cmd = [sys.executable, "-m", "pipelines.prepare_data", "--config", str(ROOT / "configs/data/sample.yaml"),
-           f"inputs=[{corpus / 'train.jsonl'}, {corpus / 'malformed.jsonl'}]", f"eval_inputs=[{corpus / 'eval.jsonl'}]",
-           f"output_uri={out}", f"tokenizer={tiny_model_dir}", "mlflow_experiment=rayline-test-data"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    manifest = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("manifest: ")]
-    assert manifest, proc.stdout[-2000:]
-    return manifest[-1].strip()
-
-
-class StageRun:
-    """One `python -m pipelines.<stage>` process: exit status, output, and its `result: {...}` line parsed."""
-
-    def __init__(self, proc: subprocess.CompletedProcess):
-        self.returncode, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("result: ")]
-        self.result = json.loads(lines[-1][len("result: "):]) if lines else None
-
-    def __str__(self) -> str:
-        return f"exit {self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
-
-
-class StartedStage:
-    """A `python -m pipelines.<stage>` process running in the background, its output going to files."""
-
-    def __init__(self, proc: subprocess.Popen, out: Path, err: Path):
-        self.proc, self._out, self._err = proc, out, err
-
-    def finish(self, timeout: float) -> StageRun:
-        """Wait for the process; one still running after `timeout` is killed and its run (exit -9, its output
-        ending with a line that says so) comes back for the test's assertion to show."""
-        timed_out = False
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        err = self._err.read_text() + (f"\n[killed by the test: still running after {timeout} s]" if timed_out else "")
-        return StageRun(subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self._out.read_text(), err))
+    return prepare_sample_data(Path(sample_corpus_dir), tiny_model_dir, tmp_path_factory.mktemp("prepared"))
 
 
 @pytest.fixture(scope="session")
@@ -84,14 +25,8 @@ def start_stage(local_stack, tmp_path_factory):
     """Start `python -m pipelines.<stage> --config <cfg written as YAML>` with extra env; returns a StartedStage."""
     configs = tmp_path_factory.mktemp("configs")
 
-    def start(stage: str, cfg, env: dict[str, str] | None = None) -> StartedStage:
-        name = f"{stage}-{uuid.uuid4().hex[:8]}"
-        path, out, err = configs / f"{name}.yaml", configs / f"{name}.out", configs / f"{name}.err"
-        path.write_text(dump_yaml(cfg))
-        with open(out, "w") as o, open(err, "w") as e:
-            proc = subprocess.Popen([sys.executable, "-m", f"pipelines.{stage}", "--config", str(path)], cwd=ROOT,
-                                    env={**os.environ, **(env or {})}, stdout=o, stderr=e, text=True)
-        return StartedStage(proc, out, err)
+    def start(stage: str, cfg, env: dict[str, str] | None = None):
+        return start_process(stage, cfg, configs, env)
 
     return start
 
@@ -111,55 +46,10 @@ def make_train_config(prepared_manifest, tiny_model_dir, tmp_path_factory):
     """A TrainConfig from configs/train/tiny.yaml over the test data, with a unique run name."""
     runs = tmp_path_factory.mktemp("runs")
 
-    def make(*overrides: str, storage: str | None = None, run_name: str | None = None) -> TrainConfig:
-        name = run_name or f"t-{uuid.uuid4().hex[:8]}"
-        base = [f"run_name={name}", f"model.path={tiny_model_dir}", f"data.manifest_uri={prepared_manifest}",
-                f"checkpoint.storage_path={storage or runs}", f"mlflow.experiment={TEST_EXPERIMENT}",
-                f"mlflow.register_as=rayline-test-{uuid.uuid4().hex[:6]}", *FAST]
-        return load_config(TrainConfig, ROOT / "configs/train/tiny.yaml", [*base, *overrides])
+    def make(*overrides: str, storage: str | None = None, run_name: str | None = None):
+        return train_config(tiny_model_dir, prepared_manifest, storage or str(runs), *overrides, run_name=run_name)
 
     return make
-
-
-class History:
-    """MLflow metric histories of a run."""
-
-    def __init__(self):
-        from core import registry
-
-        self.client = registry.client()
-
-    def values(self, run_id: str, key: str) -> list[tuple[int, float]]:
-        """(step, value) in logging order (a resumed run may log steps after its checkpoint twice)."""
-        hist = self.client.get_metric_history(run_id, key)
-        return [(m.step, m.value) for m in sorted(hist, key=lambda m: (m.timestamp, m.step))]
-
-    def curve(self, run_id: str, key: str = "loss") -> dict[int, float]:
-        """Step -> the last value logged at that step."""
-        return dict(self.values(run_id, key))
-
-    def assert_resumed(self, run_id: str, resumes: list[tuple[int, int]], total: int) -> None:
-        """The loss curve of a run that lost a worker after step `killed_after` and resumed from its checkpoint at
-        `resumed_at`, for each (resumed_at, killed_after) of `resumes` in order: every step up to the checkpoint once,
-        then those run before the kill (each may be missing: step metrics go to MLflow once a second and at each
-        checkpoint), then every step from the checkpoint on again. Nothing restarted from zero."""
-        steps = [s for s, _ in self.values(run_id, "loss")]
-        # (steps, optional prefix?) in order: 1..r1, [r1+1..k1], r1+1..r2, [r2+1..k2], ..., rN+1..total.
-        parts, done = [], 0
-        for resumed_at, killed_after in resumes:
-            parts += [(list(range(done + 1, resumed_at + 1)), False),
-                      (list(range(resumed_at + 1, killed_after + 1)), True)]
-            done = resumed_at
-        parts.append((list(range(done + 1, total + 1)), False))
-
-        def matches(rest: list[int], parts: list[tuple[list[int], bool]]) -> bool:
-            if not parts:
-                return not rest
-            (seq, optional), later = parts[0], parts[1:]
-            lengths = range(len(seq), -1, -1) if optional else [len(seq)]
-            return any(rest[:n] == seq[:n] and matches(rest[n:], later) for n in lengths)
-
-        assert matches(steps, parts), (steps, resumes)
 
 
 @pytest.fixture(scope="session")

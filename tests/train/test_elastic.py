@@ -12,23 +12,15 @@ resized run logged, at either size, must be the reference's at that step up to f
 
 from __future__ import annotations
 
-import re
-import time
-
 import pytest
 
-from core import storage
-from stack import faults as stack_faults, lifecycle as stack
-from stack.ray_node import WORKER_NODE_RESOURCE
-from tests.train.fault_injector import fault_env
 from tests.train.test_train_stage import Result
-from train.checkpoint import newest_trainer_state
+from tests.train.train_faults import elastic_node_loss, elastic_on_worker_nodes
 
 pytestmark = pytest.mark.timeout(1800)
 STEPS = 40
 KILL_AFTER = 8
-ELASTIC = ("scaling.num_workers=[1, 2]", f"scaling.resources_per_worker={{CPU: 1, {WORKER_NODE_RESOURCE}: 1}}",
-           "scaling.resize_check_s=5", f"train.max_steps={STEPS}", "train.eval_every_steps=8")
+ELASTIC = elastic_on_worker_nodes(STEPS)
 # A shrink waits for Ray to see the node gone and for a group of 1 to start; a grow for Ray's autoscaling coordinator
 # to see the node back (it looks every 20 s), the next resize check (5 s here) and a group of 2 to start.
 SHRINK_WITHIN_S = 120
@@ -46,50 +38,27 @@ def reference(make_train_config, run_stage, worker_nodes):
 
 
 @pytest.fixture(scope="module")
-def resized(reference, make_train_config, start_stage, worker_nodes, tmp_path_factory):
-    marker = tmp_path_factory.mktemp("elastic") / "fired"
+def resized(reference, make_train_config, worker_nodes, tmp_path_factory):
     cfg = make_train_config(*ELASTIC)
-    run_uri = storage.join(cfg.checkpoint.storage_path, cfg.run_name)
-    # Steps of 1 worker take PAUSE_S longer, so that the run is still going when the grow can come.
-    started = start_stage("train", cfg, env=fault_env(at=str(KILL_AFTER), marker=marker, kind="node", slow_below=2,
-                                                      pause_s=PAUSE_S))
-    times = {}
-    deadline = time.monotonic() + 900
-    while not marker.exists() and started.proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert marker.exists(), str(started.finish(timeout=5))
-    times["killed"] = time.monotonic()
-    lost = int(re.search(r"node worker-(\d+)", marker.read_text()).group(1))
-    if stack.pid_alive(stack.read_state(worker_nodes.state)["pids"].get(f"ray-worker-{lost}", -1)):
-        stack_faults.kill_node(worker_nodes, lost)
-    # The node stays away until the group of 1 has committed a checkpoint of its own past the one it resumed from.
-    while started.proc.poll() is None and time.monotonic() < times["killed"] + 600:
-        saved = newest_trainer_state(run_uri)
-        if saved and saved[1].world_size == 1 and saved[1].step > KILL_AFTER:
-            break
-        time.sleep(0.5)
-    times["one_worker_saved"] = time.monotonic()
-    stack.up(worker_nodes, parts=["nodes"])
-    times["node_back"] = time.monotonic()
-    run = started.finish(timeout=900)
-    assert run.returncode == 0 and run.result, str(run)
-    return cfg, Result(run.result), run, times
+    loss = elastic_node_loss(worker_nodes, cfg, tmp_path_factory.mktemp("elastic"), KILL_AFTER, PAUSE_S)
+    assert loss.run.returncode == 0 and loss.run.result, str(loss.run)
+    return cfg, Result(loss.run.result), loss
 
 
 def test_a_lost_node_shrinks_the_run_and_a_returned_one_grows_it_back(resized, history, record_property):
-    cfg, result, run, times = resized
+    cfg, result, loss = resized
+    run = loss.run
     assert result.final_step == STEPS, str(run)
-    shrink = re.search(r"resized from 2 to 1 workers at step (\d+) \((\d+) steps to redo\)", run.stdout)
-    grow = re.search(r"resized from 1 to 2 workers at step (\d+) \((\d+) steps to redo\)", run.stdout)
-    assert shrink and grow, str(run)
-    assert int(shrink.group(1)) == 6  # checkpoints every 3 steps: 6 was the last before the loss after step 8
-    shrunk_at, grown_at = int(shrink.group(1)), int(grow.group(1))
+    resizes = loss.resizes()
+    assert [(old, new) for old, new, _, _ in resizes] == [(2, 1), (1, 2)], str(run)
+    shrunk_at, grown_at = resizes[0][2], resizes[1][2]
+    assert shrunk_at == 6  # checkpoints every 3 steps: 6 was the last before the loss after step 8
     assert KILL_AFTER < grown_at < STEPS
 
     run_id = result.mlflow_run_id
-    resizes = [(step, value) for step, value in history.values(run_id, "resize/to_workers")]
-    assert resizes == [(shrunk_at, 1.0), (grown_at, 2.0)]
+    assert history.values(run_id, "resize/to_workers") == [(shrunk_at, 1.0), (grown_at, 2.0)]
     assert [v for _, v in history.values(run_id, "resize/from_workers")] == [2.0, 1.0]
+    # The steps logged past the checkpoint a resize resumed from (MLflow gets steps once a second: at least 0).
     lost = dict(history.values(run_id, "resize/steps_lost"))
     assert 0 <= lost[shrunk_at] <= KILL_AFTER - shrunk_at and 0 <= lost[grown_at] <= 3, lost
     # The size every step ran at: 2 before the loss, 1 from the checkpoint at 6 on, 2 again from the grow to the end.
@@ -98,15 +67,11 @@ def test_a_lost_node_shrinks_the_run_and_a_returned_one_grows_it_back(resized, h
     assert all(w == 2.0 for s, w in workers if s <= shrunk_at)
     assert history.curve(run_id, "workers")[STEPS] == 2.0
 
-    # Within bounded times, measured from the kill (and from the node's return) to the first step at the new size.
-    first_at = {size: min(m.timestamp for m in history.client.get_metric_history(run_id, "workers")
-                          if m.value == size and m.step > (shrunk_at if size == 1 else grown_at)) / 1000
-                for size in (1.0, 2.0)}
-    offset = time.time() - time.monotonic()
-    record_property("shrink_s", round(first_at[1.0] - (times["killed"] + offset), 1))  # in the junit report
-    record_property("grow_s", round(first_at[2.0] - (times["node_back"] + offset), 1))
-    assert first_at[1.0] - (times["killed"] + offset) < SHRINK_WITHIN_S, first_at
-    assert first_at[2.0] - (times["node_back"] + offset) < GROW_WITHIN_S, first_at
+    # Within bounded times: from the kill (and from the node's return) to the first step at the new size.
+    summary = loss.summary(history)
+    record_property("shrink_s", summary["shrink_s"])  # in the junit report
+    record_property("grow_s", summary["grow_s"])
+    assert 0 < summary["shrink_s"] < SHRINK_WITHIN_S and 0 < summary["grow_s"] < GROW_WITHIN_S, summary
 
 
 def test_the_resized_run_trains_on_the_rows_and_reaches_the_model_of_one_that_never_resized(

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 
 import pytest
 
 from rayjobs.manifests import DRAIN_TIMEOUT_ENV
 from stack import lifecycle as stack
-from stack.processes import kill_session_and_wait, pid_alive
-from stack.ray_node import worker_node_name
-from tests.train.fault_injector import fault_env
-from tests.train.test_train_stage import ON_WORKER_NODES, TOTAL_STEPS
+from tests.train.test_train_stage import TOTAL_STEPS
+from tests.train.train_faults import ON_WORKER_NODES, spot_notice
 from train.checkpoint import checkpoint_name
 
 pytestmark = pytest.mark.timeout(1200)
@@ -48,32 +45,19 @@ def draining_nodes(local_stack):
 
 
 def test_a_termination_notice_checkpoints_the_step_it_came_at_and_the_run_resumes_from_there(
-        draining_nodes, make_train_config, start_stage, history, tmp_path):
-    marker = tmp_path / "notice"
+        draining_nodes, make_train_config, history, tmp_path):
     cfg = make_train_config(*ON_WORKER_NODES)  # checkpoints at 3, 6, 9, 12; evals at 4, 8, 12
-    started = start_stage("train", cfg, env=fault_env(at=str(NOTICE_AFTER), marker=marker, kind="notice",
-                                                      notice_wait_s=NOTICE_WAIT_S))
-    deadline = time.monotonic() + 900
-    while not marker.exists() and started.proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert marker.exists(), str(started.finish(timeout=5))
-    signalled = time.monotonic()
-    node = int(re.search(r"node worker-(\d+)", marker.read_text()).group(1))
-    pid = stack.read_state(draining_nodes.state)["pids"][worker_node_name(node)]
-    while pid_alive(pid) and time.monotonic() < signalled + DRAIN_S + 30:
-        time.sleep(0.2)  # the node drains, then its `ray start` stops it: the pod is gone
-    left_at = time.monotonic() - signalled
-    kill_session_and_wait(pid)  # whatever it left behind, as the kubelet's SIGKILL would
-    stack.up(draining_nodes, parts=["nodes"])  # KubeRay's replacement pod, under the same label
-    run = started.finish(timeout=600)
+    notice = spot_notice(draining_nodes, cfg, tmp_path, NOTICE_AFTER, NOTICE_WAIT_S, DRAIN_S)
+    run = notice.run
     assert run.returncode == 0 and run.result, str(run)
+    left_at = notice.times["node_left"] - notice.times["signalled"]
     assert DRAIN_S - NOTICE_WAIT_S - 2 < left_at < DRAIN_S + 15, left_at  # it drained: not stopped at once
 
     # One notice, one save (a worker's line may reach the driver's log more than once: every node's log monitor).
     saved = sorted(set(re.findall(r"termination notice for nodes .* at step (\d+): ([\d.]+) s left, a checkpoint "
                                   r"takes ~([\d.]+) s .*: saving now", run.stdout)))
     assert len(saved) == 1, str(run)
-    step = int(saved[0][0])
+    step = notice.saved_step()
     # The step at the notice (or the one in progress when it arrived), not the last periodic checkpoint (3).
     assert NOTICE_AFTER <= step <= NOTICE_AFTER + 1, str(run)
     run_uri = f"{cfg.checkpoint.storage_path}/{cfg.run_name}"
@@ -87,6 +71,7 @@ def test_a_termination_notice_checkpoints_the_step_it_came_at_and_the_run_resume
     assert history.values(run_id, "resume/adam_step") == [(step, float(step))]
     # No step ran after the notice's checkpoint before the node went: the ranks waited; the resumed group did the rest.
     history.assert_resumed(run_id, [(step, step)], total=TOTAL_STEPS)
+    assert notice.summary(history)["steps_lost"] == 0
     notice_save_s = history.values(run_id, "notice/save_s")[0][1]
     left_s = history.values(run_id, "notice/seconds_left")[0][1]
     assert 0 < notice_save_s < left_s <= DRAIN_S

@@ -25,8 +25,8 @@ from data.prepared import COLUMNS, load_manifest
 from core import registry, storage
 from stack import faults as stack_faults, lifecycle as stack
 from core.config import config_hash
-from core.node_labels import NODE_LABEL
 from tests.train.fault_injector import fault_env
+from tests.train.train_faults import ON_WORKER_NODES
 from train.checkpoint import newest_trainer_state
 from train.packed_batch import forward_loss_sum, loss_tokens
 
@@ -44,8 +44,6 @@ class Result:
         self.__dict__.update(data)
 
 
-# The fault run's two workers, one on each of the two 1-CPU worker nodes, so that losing a node loses a rank.
-ON_WORKER_NODES = (f"scaling.node_labels={{{NODE_LABEL}: 'in(worker-1,worker-2)'}}", "scaling.resources_per_worker={CPU: 1}")
 
 
 @pytest.fixture(scope="module")
