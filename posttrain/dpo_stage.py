@@ -122,7 +122,7 @@ def main(cfg: DpoConfig) -> DpoResult:
     """Run (or resume) the DPO job `cfg.run_name`; raise ConfigError before any worker starts on bad input."""
     import ray
 
-    connect_ray()
+    connect_ray(elastic=cfg.scaling.elastic)
     scored = prepare_scored_version(cfg)
     tcfg = cfg.train_config(scored.scored_manifest_uri)
     plan = plan_dpo_run(tcfg, ray.cluster_resources())
