@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     return run_stage("train", lambda: train(cfg), lambda r: [
         f"run        {r.run_name} (MLflow run {r.mlflow_run_id})",
         f"steps      {r.final_step}/{r.total_steps}; eval loss {losses(r.first_eval_loss, r.eval_loss)}",
+        f"goodput    {r.goodput:.2f} (productive step time over the job's wall time)" if r.goodput is not None
+        else "goodput    n/a",
         f"checkpoint {r.checkpoint_uri}",
         f"export     {r.export_uri}",
         *model_line(r)])

@@ -18,6 +18,7 @@ driver, for all of its trials.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
 from data.preference_prepare import prepare_preferences
@@ -28,7 +29,8 @@ from posttrain.dpo_loss import DpoObjective
 from posttrain.dpo_reference import score_reference
 from train.config import TrainConfig
 from train.preflight import RunPlan, plan_run
-from train.trainer import TrainResult, build_trainer, connect_ray, result_from_fit
+from train.trainer import (TrainResult, build_trainer, connect_ray, productive_seconds_before, result_from_fit,
+                           training_goodput)
 from train.tracking import TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, register_export, training_run
 
 STAGE = "dpo"
@@ -122,10 +124,12 @@ def main(cfg: DpoConfig) -> DpoResult:
     """Run (or resume) the DPO job `cfg.run_name`; raise ConfigError before any worker starts on bad input."""
     import ray
 
+    started = time.monotonic()
     connect_ray(elastic=cfg.scaling.elastic)
     scored = prepare_scored_version(cfg)
     tcfg = cfg.train_config(scored.scored_manifest_uri)
     plan = plan_dpo_run(tcfg, ray.cluster_resources())
+    before_s = productive_seconds_before(plan.run_uri)
     tags = dpo_tags(cfg.dpo.beta, scored)
     with training_run(tcfg, plan, extra_tags=tags) as run_id:
         fit_result = build_trainer(tcfg, plan, run_id, objective=DpoObjective(cfg.dpo.beta)).fit()
@@ -134,6 +138,7 @@ def main(cfg: DpoConfig) -> DpoResult:
                            scored_manifest_uri=scored.scored_manifest_uri, reference_model=scored.reference_model,
                            lineage=scored.lineage,
                            eval_preference_accuracy=(fit_result.metrics or {}).get("eval_preference_accuracy"))
+        training_goodput(result, fit_result, before_s, started, run_id)
         client = registry.client()
         client.set_tag(run_id, TAG_LATEST_CHECKPOINT, result.checkpoint_uri)
         client.set_tag(run_id, TAG_EXPORT_URI, result.export_uri)

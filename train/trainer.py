@@ -13,6 +13,7 @@ Storage layout (local or s3://), all under `<checkpoint.storage_path>/<run_name>
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from core import metrics as metrics_api
@@ -23,7 +24,7 @@ from core.resource_wait import ResourceWatch
 from train.config import TrainConfig
 from train.preflight import RunPlan, plan_run
 from train.step_hook import STEP_HOOK_ENV_VARS
-from train.tracking import TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, register_export, training_run
+from train.tracking import TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, MetricLogger, register_export, training_run
 from train.worker import train_fn_per_worker
 
 FORWARDED_ENV = (*storage.S3_ENV_VARS, *STEP_HOOK_ENV_VARS, "RAYLINE_GIT_COMMIT", "HF_HOME")
@@ -43,6 +44,9 @@ class TrainResult:
     dataset_version: str
     model_name: str | None = None
     model_version: str | None = None
+    goodput: float | None = None
+    """This job's productive step time over its wall time, from the driver's start to the end of training: start-up,
+    waits, restarts, steps redone after a restart, evals and checkpoints are what it loses (`training_goodput`)."""
 
 
 def worker_env() -> dict[str, str]:
@@ -152,6 +156,27 @@ def result_from_fit(cfg: TrainConfig, plan: RunPlan, run_id: str, fit_result) ->
     )
 
 
+def productive_seconds_before(run_uri: str) -> float:
+    """The step time a run had banked in its newest checkpoint before this job (0 for a new run)."""
+    from train.checkpoint import newest_trainer_state
+
+    saved = newest_trainer_state(run_uri)
+    return saved[1].train_time_s if saved else 0.0
+
+
+def training_goodput(result: TrainResult, fit_result, before_s: float, started: float, run_id: str) -> None:
+    """Set `result.goodput` and log it to the run (`goodput`, `job_wall_time_s`, `productive_step_time_s` at the final
+    step): the step time of the steps this job kept (the checkpoints' `train_time_s`, so a step redone after a
+    restart counts once) over the job's wall time since `started` (time.monotonic())."""
+    wall = time.monotonic() - started
+    productive = float((fit_result.metrics or {}).get("train_time_s", before_s)) - before_s
+    result.goodput = productive / wall if wall > 0 else None
+    logger = MetricLogger(run_id)
+    logger.log(result.final_step, {"goodput": result.goodput, "job_wall_time_s": wall,
+                                   "productive_step_time_s": productive})
+    logger.flush()
+
+
 def _uri_like(storage_path: str, fs_path: str) -> str:
     """Ray reports paths inside the filesystem; give them back the scheme of the configured storage path."""
     return f"s3://{fs_path}" if storage.is_s3(storage_path) else fs_path
@@ -161,12 +186,15 @@ def main(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) the training job `cfg.run_name`; raise ConfigError before any worker starts on bad input."""
     import ray
 
+    started = time.monotonic()
     connect_ray(elastic=cfg.scaling.elastic)
     plan = plan_run(cfg, ray.cluster_resources())
+    before_s = productive_seconds_before(plan.run_uri)
     with training_run(cfg, plan) as run_id:
         with ResourceWatch("train", max_wait_s=cfg.scaling.max_wait_s):
             fit_result = build_trainer(cfg, plan, run_id).fit()
         result = result_from_fit(cfg, plan, run_id, fit_result)
+        training_goodput(result, fit_result, before_s, started, run_id)
         client = registry.client()
         client.set_tag(run_id, TAG_LATEST_CHECKPOINT, result.checkpoint_uri)
         client.set_tag(run_id, TAG_EXPORT_URI, result.export_uri)

@@ -103,6 +103,12 @@ def test_fsdp_run_lowers_eval_loss_and_keeps_sharded_checkpoints_in_s3(reference
     assert sorted(evals) == [0, 4, 8, 12] and evals[12] < evals[4] < evals[0]
     for key in ("loss", "lr", "tokens_per_s", "step_time_s", "grad_norm"):
         assert sorted(history.curve(run_id, key)) == list(range(1, TOTAL_STEPS + 1)), key
+    # Goodput: the steps' time over the job's, start-up, evals and checkpoints being the rest.
+    assert 0 < result.goodput < 1
+    assert history.curve(run_id, "goodput") == {TOTAL_STEPS: pytest.approx(result.goodput)}
+    productive, wall = (history.curve(run_id, k)[TOTAL_STEPS] for k in ("productive_step_time_s", "job_wall_time_s"))
+    assert productive == pytest.approx(sum(history.curve(run_id, "step_time_s").values()), rel=0.05)
+    assert productive / wall == pytest.approx(result.goodput)
 
 
 def test_export_loads_in_transformers_and_reproduces_the_final_eval_loss(reference, tmp_path):
@@ -232,6 +238,7 @@ def test_faulted_run_finishes_as_the_uninterrupted_one(reference, faulted, histo
     # And it ends with the same model: the same final eval loss and, byte for byte, the same exported weights.
     assert (run.final_step, run.eval_loss, run.first_eval_loss) == (ref.final_step, ref.eval_loss, ref.first_eval_loss)
     assert run.export_uri != ref.export_uri
+    assert run.goodput < ref.goodput  # the lost node's restart and the redone steps cost wall time, no kept step time
     weights = [storage.read_bytes(storage.join(r.export_uri, "model.safetensors")) for r in (run, ref)]
     assert weights[0] == weights[1]
 
