@@ -72,8 +72,8 @@ class GlobalOrderBatches(ShardBatches):
         micro = self.cfg.train.micro_batch_size
         shuffle = self.cfg.data.shuffle_buffer_rows > 0
         window = self.cfg.data.shuffle_buffer_rows or ELASTIC_WINDOW_ROWS
-        pending: list[Batch] = []
-        held = start = 0
+        held: Batch | None = None  # this rank's rows read but not yet yielded (fewer than a micro-batch)
+        start = 0
         rows = self.train_shard.iter_torch_batches(batch_size=window, dtypes=self.dtypes, device="cpu")
         for index, block in enumerate(rows):
             n = len(next(iter(block.values())))
@@ -83,12 +83,14 @@ class GlobalOrderBatches(ShardBatches):
             keep = rank_positions(positions, self.rank, self.world, micro, self.global_batch)
             keep &= positions < self.epoch_rows  # the epoch ends at its last whole step
             chosen = order[torch.from_numpy(keep)]
-            if len(chosen):
-                pending.append({k: v[chosen] for k, v in block.items()})
-                held += len(chosen)
-            while held >= micro:
-                merged = {k: torch.cat([b[k] for b in pending]) for k in pending[0]}
-                yield {k: v[:micro].to(self.device) for k, v in merged.items()}
-                pending, held = [{k: v[micro:] for k, v in merged.items()}], held - micro
+            mine = {k: v[chosen] for k, v in block.items()}
+            # One copy per window: the leftover rows joined to this window's, then cut into micro-batches.
+            if held is not None:
+                mine = {k: torch.cat([held[k], v]) for k, v in mine.items()}
+            count = len(next(iter(mine.values())))
+            whole = count - count % micro
+            for i in range(0, whole, micro):
+                yield {k: v[i:i + micro].to(self.device) for k, v in mine.items()}
+            held = {k: v[whole:] for k, v in mine.items()}
             if start >= self.epoch_rows:
                 return
