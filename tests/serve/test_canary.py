@@ -422,7 +422,9 @@ def test_a_slow_challenger_is_rolled_back_on_prometheus_figures(setup):
     ch, cp = step["sides"]["challenger"], step["sides"]["champion"]
     assert ch["requests"] >= 3 and ch["errors"] == 0 and ch["ttft_p50_s"] > cp["ttft_p50_s"], step
     assert step["probe"]["challenger"] == step["probe"]["champion"], step  # not the probe: the live figures
-    assert any("challenger ttft_p50_s" in p for p in step["problems"]), step["problems"]
+    # a paused replica answers the requests that reach it in its running 0.2 s at once, so its p50 or its p99 trips
+    # (whichever the step's mix of requests makes slower), never another figure
+    assert any(p.startswith("challenger ttft_p") for p in step["problems"]), step["problems"]
     assert served_by(setup["base_url"]) == v2 and registry.get_alias(MODEL, "challenger") is None
 
 
