@@ -107,6 +107,12 @@ METRICS: dict[str, Metric] = {
                                           ("app", "role"), LATENCY_BUCKETS),
     "rayline_canary_itl_seconds": Metric(HISTOGRAM, "Mean gap between the streamed chunks of a canary's live answers "
                                                     "(inter-token latency), by side.", ("app", "role"), ITL_BUCKETS),
+    # core/usage.py (each stage's driver, once its job's usage is known)
+    "rayline_stage_cpu_seconds": Metric(COUNTER, "CPU seconds a stage's Ray job used (all its processes), by the "
+                                                 "model version it produced or evaluated (data: the dataset version).",
+                                        ("stage", "model", "version")),
+    "rayline_stage_gpu_seconds": Metric(COUNTER, "GPU seconds (GPUs held x seconds) of a stage's Ray job, by model "
+                                                 "version.", ("stage", "model", "version")),
     # serve/promotion/rollout.py (a rollout run on the cluster: a Ray job or the rendered RayJob)
     "rayline_rollouts": Metric(COUNTER, "Rollouts by outcome (deployed, rejected at the gate, rolled_back, ...).",
                                ("model", "outcome")),

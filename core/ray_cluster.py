@@ -6,6 +6,7 @@ import os
 
 import ray
 
+from core import usage
 from core.registry import PROJECT_ROOT, ray_job_id
 
 
@@ -49,7 +50,8 @@ def init_ray(**kwargs) -> None:
     # The Jobs API's RAY_ADDRESS is the dashboard's HTTP URL; ray.init wants the GCS, so drop it here.
     if env.get("RAY_ADDRESS", "").startswith("http"):
         os.environ.pop("RAY_ADDRESS")
-    runtime_env = kwargs.pop("runtime_env", None) or {}
+    # Every worker process of this job reports what it used to the job's ledger (core/usage.py).
+    runtime_env = {"worker_process_setup_hook": usage.HOOK, **(kwargs.pop("runtime_env", None) or {})}
     if not ray_job_id() and "working_dir" not in runtime_env:
         # This driver's MLflow role goes to its workers too (names of files, never the secrets in them).
         login = {k: os.environ[k] for k in ("RAYLINE_ROLE", "RAYLINE_CREDENTIALS_DIR", "RAYLINE_MLFLOW_CREDENTIALS")

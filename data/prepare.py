@@ -43,7 +43,8 @@ from data.tokens import (
     read_tokenizer_files,
     tokenizer_identity,
 )
-from core import metrics, storage
+from core import metrics, storage, usage
+from core.usage import Usage
 from core.ray_cluster import cluster_cpus, init_ray, node_free_cpus
 from core.resource_wait import ResourceWatch
 
@@ -60,6 +61,8 @@ class Result:
     wall_s: float = 0.0
     mlflow_run_id: str | None = None
     manifest: dict = field(default_factory=dict, repr=False)
+    usage: Usage | None = None
+    """What the job used (None: the version existed already and nothing ran)."""
 
 
 def _task_threads(cpus: float, num_shards: int, node_cpus: float) -> int:
@@ -190,6 +193,7 @@ def main(cfg: Config) -> Result:
     """Prepare (or find already prepared) the dataset version for `cfg`; see the module docstring."""
     t0 = time.perf_counter()
     init_ray()
+    meter = usage.StageUsage.start()
     mixture_files = [discover(m.inputs, cfg.file_format, TRAIN, f"mixture[{i}].inputs") for i, m in enumerate(cfg.mixture)]
     files = discover(cfg.inputs, cfg.file_format, TRAIN, "inputs") if cfg.inputs else []
     files += [f for source in mixture_files for f in source]
@@ -253,6 +257,8 @@ def main(cfg: Config) -> Result:
         # How it was built, not what it holds: the same version built elsewhere has other values here.
         manifest["built_with"] = {"cluster_cpus": cpus, "tokenizer_threads_per_shard": threads}
         wall_s = time.perf_counter() - t0
+        used = meter.totals()
+        usage.record("data", used, run_id, version=version)
         if run_id:
             tracking.log_outcome(manifest, manifest_uri, wall_s)
         mf.check_reject_fraction(manifest["counts"], cfg.max_reject_fraction, storage.join(version_uri, "rejects"))
@@ -261,4 +267,5 @@ def main(cfg: Config) -> Result:
             tracking.log_manifest(manifest_uri)
     record_metrics(cfg, manifest, wall_s)
     return Result(version, manifest_uri, version_uri, manifest["counts"], manifest["splits"],
-                  manifest["packing_efficiency"], wall_s=wall_s, mlflow_run_id=run_id, manifest=manifest)
+                  manifest["packing_efficiency"], wall_s=wall_s, mlflow_run_id=run_id, manifest=manifest,
+                  usage=used)

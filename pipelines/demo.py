@@ -26,7 +26,7 @@ from typing import Any
 from pathlib import Path
 
 from stack import lifecycle as stack, mlflow_auth
-from core import registry
+from core import registry, usage
 from core.config import from_dict
 from pipelines.demo_jobs import (StageFailed, chat, data_run_of_job, promote, registered_version, run_of_job,
                                  run_stage)
@@ -109,6 +109,8 @@ class DemoResult:
     started_at: float = 0.0
     """Unix time the demo started: the window its metrics lie in."""
     train_run_name: str = ""
+    usage: dict[str, float] = field(default_factory=dict)
+    """CPU-seconds by stage the serving version carries (`rayline.usage.<stage>_cpu_s`: core/usage.py)."""
 
 
 def step(title: str) -> float:
@@ -308,7 +310,9 @@ def main(cfg: DemoConfig) -> DemoResult:
         model_version=version, exact_match=scores, rollout_s=rollout_s, question=question, answer=answer,
         served_by=served, adapter_model=adapter_model, adapter_version=adapter_version, adapter_answer=adapter_answer,
         adapter_served_by=adapter_served, total_s=time.time() - t0, started_at=t0, train_run_name=run_name,
-        candidate_version=candidate_version)
+        candidate_version=candidate_version,
+        usage={k: u.cpu_s for k, u in usage.version_usage(registry.get_version(
+            f"models:/{cfg.model_name}/{version}").tags).items()})
     print_summary(result, scfg)
     return result
 
@@ -362,6 +366,8 @@ def print_summary(r: DemoResult, scfg: stack.StackConfig) -> None:
                         "defaults fit beside them (engine 0.75 + tasks 0.25); train and tune are sized for the whole "
                         "stack: delete the apps first (docs/OPERATIONS.md, \"A job that waits\"); a job that waits "
                         "says why",
+        "version cost": ", ".join(f"{k} {v:.0f}" for k, v in r.usage.items())
+                        + f": {sum(r.usage.values()):.0f} CPU-seconds (rayline.usage.* tags on the version)",
         "total time": f"{r.total_s:.0f}s",
         "lineage (MLflow UI)": f"{registry.tracking_uri()}/#/models/{r.model_name}/versions/{r.model_version}",
     }

@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prepare_data failed: {e}", file=sys.stderr)
         return 1
     print(summary_table(result.manifest, result.manifest_uri, result.wall_s, result.skipped))
+    if result.usage:
+        print(f"usage: {result.usage.cpu_s:.1f} CPU-seconds, {result.usage.gpu_s:.1f} GPU-seconds "
+              f"({result.usage.processes} processes)")
     print(f"manifest: {result.manifest_uri}")
     return 0
 

@@ -36,5 +36,8 @@ def losses(first: float | None, last: float | None) -> str:
 
 
 def model_line(result: Any) -> list[str]:
-    """The registered version's line, when the stage registered one."""
-    return [f"model      models:/{result.model_name}/{result.model_version}"] if result.model_version else []
+    """What the job used (core/usage.py) and the registered version's line, when the stage registered one."""
+    used = getattr(result, "usage", None)
+    return ([f"usage      {used.cpu_s:.1f} CPU-seconds, {used.gpu_s:.1f} GPU-seconds ({used.processes} processes)"]
+            if used else []) + \
+        ([f"model      models:/{result.model_name}/{result.model_version}"] if result.model_version else [])

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from data.preference_prepare import prepare_preferences
-from core import registry, storage
+from core import registry, storage, usage
 from posttrain.dpo_config import DpoConfig
 from posttrain.dpo_flywheel import pairs_from_eval_run
 from posttrain.dpo_loss import DpoObjective
@@ -31,7 +31,7 @@ from train.config import TrainConfig
 from train.preflight import RunPlan, plan_run
 from train.trainer import (TrainResult, build_trainer, connect_ray, productive_seconds_before, result_from_fit,
                            training_goodput)
-from train.tracking import TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, register_export, training_run
+from train.tracking import TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, record_usage, register_export, training_run
 
 STAGE = "dpo"
 TAG_REFERENCE_MODEL = "rayline.reference_model"
@@ -126,6 +126,7 @@ def main(cfg: DpoConfig) -> DpoResult:
 
     started = time.monotonic()
     connect_ray(elastic=cfg.scaling.elastic)
+    meter = usage.StageUsage.start()  # preparing the pairs and scoring the reference are this job's too
     scored = prepare_scored_version(cfg)
     tcfg = cfg.train_config(scored.scored_manifest_uri)
     plan = plan_dpo_run(tcfg, ray.cluster_resources())
@@ -142,9 +143,11 @@ def main(cfg: DpoConfig) -> DpoResult:
         client = registry.client()
         client.set_tag(run_id, TAG_LATEST_CHECKPOINT, result.checkpoint_uri)
         client.set_tag(run_id, TAG_EXPORT_URI, result.export_uri)
+        registered = None
         if result.export_uri and result.final_step >= plan.total_steps:
             registered = register_export(tcfg, plan, run_id, result.final_step, extra_tags=tags,
                                          export_uri=result.export_uri)
             if registered:
                 result.model_name, result.model_version = registered
+        result.usage = record_usage("dpo", meter, run_id, registered, None)
     return result

@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from core import registry
+from core import registry, usage
 from core.config import config_hash, flatten
 from train.config import TrainConfig
 from train.preflight import RunPlan
@@ -135,3 +135,25 @@ class MetricLogger:
                 self._client.log_batch(self.run_id, metrics=batch)
             except Exception as e:  # a tracking hiccup must not kill a training job
                 print(f"warning: MLflow log_batch of steps {batch[0].step}-{batch[-1].step} failed: {e}")
+
+
+def data_usage(manifest_uri: str) -> dict[str, usage.Usage]:
+    """{"data": what preparing the dataset version used}, from the data stage's run the manifest names; empty when it
+    has none (prepared without MLflow) or that run logged no usage."""
+    from data.prepared import load_manifest
+
+    run_id = load_manifest(manifest_uri).get("mlflow_run_id")
+    used = usage.of_run(run_id) if run_id else None
+    return {"data": used} if used else {}
+
+
+def record_usage(stage: str, meter: usage.StageUsage, run_id: str, registered: tuple[str, str] | None,
+                 manifest_uri: str | None) -> usage.Usage:
+    """The job's usage on its run, in Prometheus and, when it registered a version, on that version with the usage of
+    the data stage that prepared `manifest_uri` (None: the job prepared its data itself, so its usage holds it)."""
+    used = meter.totals()
+    name, version = registered or ("", "")
+    usage.record(stage, used, run_id, model=name, version=version)
+    if registered:
+        usage.tag_version(name, version, stage, used, upstream=data_usage(manifest_uri) if manifest_uri else None)
+    return used

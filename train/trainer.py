@@ -17,14 +17,16 @@ import time
 from dataclasses import dataclass
 
 from core import metrics as metrics_api
-from core import registry, storage
+from core import registry, storage, usage
 from core.config import to_dict
 from core.ray_cluster import init_ray, ray_address
 from core.resource_wait import ResourceWatch
+from core.usage import Usage
 from train.config import TrainConfig
 from train.preflight import RunPlan, plan_run
 from train.step_hook import STEP_HOOK_ENV_VARS
-from train.tracking import TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, MetricLogger, register_export, training_run
+from train.tracking import (TAG_EXPORT_URI, TAG_LATEST_CHECKPOINT, MetricLogger, record_usage, register_export,
+                            training_run)
 from train.worker import train_fn_per_worker
 
 FORWARDED_ENV = (*storage.S3_ENV_VARS, *STEP_HOOK_ENV_VARS, "RAYLINE_GIT_COMMIT", "HF_HOME")
@@ -47,6 +49,8 @@ class TrainResult:
     goodput: float | None = None
     """This job's productive step time over its wall time, from the driver's start to the end of training: start-up,
     waits, restarts, steps redone after a restart, evals and checkpoints are what it loses (`training_goodput`)."""
+    usage: Usage | None = None
+    """CPU- and GPU-seconds of this job's processes (core/usage.py)."""
 
 
 def worker_env() -> dict[str, str]:
@@ -188,6 +192,7 @@ def main(cfg: TrainConfig) -> TrainResult:
 
     started = time.monotonic()
     connect_ray(elastic=cfg.scaling.elastic)
+    meter = usage.StageUsage.start()
     plan = plan_run(cfg, ray.cluster_resources())
     before_s = productive_seconds_before(plan.run_uri)
     with training_run(cfg, plan) as run_id:
@@ -198,8 +203,10 @@ def main(cfg: TrainConfig) -> TrainResult:
         client = registry.client()
         client.set_tag(run_id, TAG_LATEST_CHECKPOINT, result.checkpoint_uri)
         client.set_tag(run_id, TAG_EXPORT_URI, result.export_uri)
+        registered = None
         if result.export_uri and result.final_step >= plan.total_steps:
             registered = register_export(cfg, plan, run_id, result.final_step, export_uri=result.export_uri)
             if registered:
                 result.model_name, result.model_version = registered
+        result.usage = record_usage("train", meter, run_id, registered, plan.manifest_uri)
     return result

@@ -18,13 +18,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from core import registry, storage
+from core import registry, storage, usage
 from core.config import ConfigError, flatten
 from core.resource_wait import ResourceWatch
+from core.usage import Usage
 from train.capacity import TRIAL_DRIVER_CPUS, runs_that_fit
 from train.config import TrainConfig
 from train.preflight import RunPlan, plan_run
-from train.tracking import MAX_PARAM_LEN, log_new_params, register_export, training_run
+from train.tracking import MAX_PARAM_LEN, log_new_params, record_usage, register_export, training_run
 from train.trainer import build_trainer, connect_ray, worker_env
 from train.tune_config import TuneConfig, trial_config
 
@@ -61,6 +62,8 @@ class TuneResult:
     model_version: str | None = None
     lineage: dict = field(default_factory=dict)
     """What every trial shared beside the dataset (a DPO search: the reference and the preference version)."""
+    usage: Usage | None = None
+    """CPU- and GPU-seconds of the whole search: every trial, stopped and failed ones too (core/usage.py)."""
 
 
 class TrialRecipe:
@@ -179,6 +182,7 @@ def main(cfg: TuneConfig, recipe: TrialRecipe | None = None) -> TuneResult:
     from ray.tune.search import BasicVariantGenerator
 
     connect_ray()
+    meter = usage.StageUsage.start()  # every trial (its Train controller and workers) is this job's
     cluster = ray.cluster_resources()
     concurrent, arithmetic = max_concurrent_trials(cfg, cluster)
     recipe = recipe or TrialRecipe(cfg.base_train_config())
@@ -247,4 +251,5 @@ def main(cfg: TuneConfig, recipe: TrialRecipe | None = None) -> TuneResult:
         if registered:
             result.model_name, result.model_version = registered
             client.set_tag(parent_id, "rayline.model_version", f"{registered[0]}/{registered[1]}")
+        result.usage = record_usage("tune", meter, parent_id, registered, plan.manifest_uri)
     return result

@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from core.usage import Usage
 from posttrain.grpo.config import GrpoConfig
 
 
@@ -29,6 +30,8 @@ class GrpoResult:
     model_version: str | None = None
     ledger: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    usage: Usage | None = None
+    """CPU- and GPU-seconds of the job's processes: policy ranks, rollout engines, reference (core/usage.py)."""
 
 
 def export(weights: dict, base_dir: str, out: Path, info: dict) -> Path:
@@ -44,7 +47,7 @@ def export(weights: dict, base_dir: str, out: Path, info: dict) -> Path:
 def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
     from transformers import AutoTokenizer
 
-    from core import registry
+    from core import registry, usage
     from core.ray_cluster import init_ray
     from posttrain.grpo import loop, tracking
     from posttrain.grpo.prompts import file_digest, load_prompts
@@ -60,6 +63,7 @@ def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
     run_name = cfg.run_name or f"grpo-{int(started)}"
     output = Path(cfg.output_uri).resolve() / run_name
     init_ray()
+    meter = usage.StageUsage.start()
     tags = tracking.run_tags(cfg, parent, dataset_version)
     run_ctx = (registry.start_run(cfg.mlflow_experiment, run_name, tags=tags, resume=True)
                if cfg.mlflow_experiment else contextlib.nullcontext())
@@ -92,6 +96,10 @@ def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
             if cfg.register_as:
                 result.model_name = cfg.register_as
                 result.model_version = tracking.register(cfg.register_as, str(export_dir), run_id, tags, res.steps)
+        result.usage = used = meter.totals()
+        usage.record("grpo", used, run_id, model=result.model_name or "", version=result.model_version or "")
+        if result.model_version:
+            usage.tag_version(result.model_name, result.model_version, "grpo", used)
     result.seconds = round(time.time() - started, 1)
     (output / "result.json").write_text(json.dumps(asdict(result), indent=2))
     return result

@@ -26,9 +26,10 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 
-from core import metrics, storage
+from core import metrics, storage, usage
 from core.ray_cluster import init_ray
 from core.resource_wait import ResourceWatch
+from core.usage import Usage
 from serve.online import engine as eng
 from serve.batch import metrics as batch_metrics
 from serve.batch.config import Config
@@ -71,6 +72,9 @@ class Result:
     compared: dict[str, dict[str, float]] = field(default_factory=dict)
     """In a job with `compare`: each compared model's label -> its scores over the same rows (eval mode)."""
     compared_eval_run_ids: dict[str, str] = field(default_factory=dict)
+    usage: Usage | None = None
+    """CPU- and GPU-seconds of this run's processes, engines included (core/usage.py); in eval mode each model's
+    eval run and version carry its share, by the rows it answered."""
 
 
 def metric_tags(cfg: Config, info: eng.ModelInfo) -> dict[str, str]:
@@ -230,6 +234,7 @@ def main(cfg: Config, judge=None) -> Result:
     resumed_rows = prepare_output(cfg, job_identity(cfg, fmt, ", ".join(labels)))
     earlier = frozenset(storage.list_files(cfg.output_uri)) if resumed_rows else frozenset()
     init_ray()
+    meter = usage.StageUsage.start()
     planned = count_input_rows(cfg, fmt)
     if resumed_rows:
         print(f"batch_infer: resuming, {resumed_rows:,} of {planned:,} rows already written to {cfg.output_uri}; "
@@ -255,9 +260,11 @@ def main(cfg: Config, judge=None) -> Result:
         prompt_tokens=t.prompt_tokens, output_tokens=t.output_tokens, wall_s=wall,
         output_tokens_per_s=now.output_tokens / wall,
         steady_output_tokens_per_s=(now.output_tokens / now.engine_busy_s) if now.engine_busy_s else None,
-        resumed_rows=resumed_rows,
+        resumed_rows=resumed_rows, usage=meter.totals(),
     )
-    if cfg.mode == "eval":
+    if cfg.mode != "eval":
+        usage.record("batch", result.usage, None, model=info.name or "", version=info.version or "")
+    else:
         job = {"resumed_rows": resumed_rows, "wall_s": wall, "output_tokens_per_s": result.output_tokens_per_s,
                **({"steady_output_tokens_per_s": result.steady_output_tokens_per_s} if now.engine_busy_s else {})}
         runs: dict[str, str] = {}
@@ -269,6 +276,7 @@ def main(cfg: Config, judge=None) -> Result:
                       "output_tokens": mt.output_tokens, **job}
             run_id = record_eval(cfg, model, scores, counts, compared=labels if several else None)
             runs[model.label] = run_id
+            record_eval_usage(result.usage.share(mt.rows / t.rows if t.rows else 1 / len(models)), model, run_id)
             if model is info:
                 result.scores, result.eval_run_id = scores, run_id
             elif any(model is a.info for a in adapters):
@@ -280,6 +288,14 @@ def main(cfg: Config, judge=None) -> Result:
                         {a.info.label for a in adapters}, judge)
     print(summary(result, cfg, info))
     return result
+
+
+def record_eval_usage(share: Usage, model: eng.ModelInfo, run_id: str) -> None:
+    """A model's share of the job's usage on its eval run and, for a registered version, on the version (a tag for
+    people: a role that may not write it leaves it off)."""
+    usage.record("eval", share, run_id, model=model.name or "", version=model.version or "")
+    if model.name and model.version:
+        usage.tag_version(model.name, model.version, "eval", share)
 
 
 def publish_reports(cfg: Config, runs: dict[str, str], sources: dict[str, str], models: list[eng.ModelInfo],

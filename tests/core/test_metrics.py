@@ -19,7 +19,9 @@ def test_exported_names_follow_rays_prefix_and_prometheus_conventions():
     assert metrics.defined_as("ray_rayline_train_loss_total") is None
     for name, m in metrics.METRICS.items():
         assert name.startswith("rayline_") and not name.endswith("_total")  # Ray adds _total to counters
-        assert m.kind != metrics.COUNTER or not any(u in name for u in ("_seconds", "_ratio")), name
+        # A counter counts things; seconds only as resource time used, as Prometheus' own process_cpu_seconds_total.
+        resource_time = name.endswith(("_cpu_seconds", "_gpu_seconds"))
+        assert m.kind != metrics.COUNTER or resource_time or not any(u in name for u in ("_seconds", "_ratio")), name
         assert not {"request_id", "prompt", "path", "uri"} & set(m.tags), name  # no unbounded labels
 
 

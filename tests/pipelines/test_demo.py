@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from core import metrics, registry
+from core import metrics, registry, usage
 from core.config import to_dict
 from pipelines.demo import BASE_MODEL_NAME, LORA_APP, QUESTION, DemoConfig, main
 from serve.promotion import rollout_record
@@ -72,6 +72,14 @@ def test_lineage_joins_dataset_run_model_version_and_deployment(demo):
     assert rollout_run.data.tags["rollout.weights_digest"] == mv.tags[registry.TAG_WEIGHTS_DIGEST]
     assert registry.get_alias(cfg.model_name, registry.DEFAULT_ALIAS).version == result.model_version
     assert float(mv.tags["eval.exact_match"]) == pytest.approx(result.exact_match["fine-tuned"])
+    # What the serving version cost, by stage (core/usage.py): the data it trained on, its training, its share of
+    # the eval job, its rollout; the total adds them up. The summary shows the same figures.
+    by_stage = usage.version_usage(mv.tags)
+    assert list(by_stage) == ["data", "train", "eval", "rollout"] and all(u.cpu_s > 0 for u in by_stage.values())
+    assert by_stage["train"].cpu_s > by_stage["rollout"].cpu_s
+    assert float(mv.tags["rayline.usage.total_cpu_s"]) == pytest.approx(sum(u.cpu_s for u in by_stage.values()),
+                                                                        abs=0.3)
+    assert result.usage == {k: u.cpu_s for k, u in by_stage.items()}
     # Promotion evidence on the version's page: the eval report against its base (no champion before it) on the same
     # rows, and what the rollout's gate said before anyone set the alias.
     assert mv.tags["eval.report"] == f"runs:/{mv.tags['eval.run_id']}/eval_report.md"

@@ -90,6 +90,11 @@ def test_grpo_raises_reward_and_exact_match_resumes_after_losing_roles_and_regis
     assert mv.tags["rayline.parent_version"] == str(policy_dir)
     assert mv.tags[registry.TAG_DATASET_VERSION] == "sum-test-v1"
     assert mv.tags[registry.TAG_WEIGHTS_DIGEST]
+    # What the job used (core/usage.py): the policy ranks, the rollout engines and the reference, beside the driver.
+    used = result.usage
+    assert used.cpu_s - used.driver_cpu_s > 10.0 and used.processes >= 4, used
+    assert float(mv.tags["rayline.usage.grpo_cpu_s"]) == pytest.approx(used.cpu_s, abs=0.05)
+    assert mv.tags["rayline.usage.total_cpu_s"] == mv.tags["rayline.usage.grpo_cpu_s"]
 
     history = [m.value for m in client.get_metric_history(result.mlflow_run_id, "grpo/reward_mean")]
     first, last = sum(history[:2]) / 2, sum(history[-2:]) / 2

@@ -342,6 +342,13 @@ def test_eval_metrics_come_from_the_outputs_and_land_on_the_model_version(run, r
     assert eval_run.data.tags[TAG_MODEL_NAME] == name and eval_run.data.tags[TAG_MODEL_VERSION] == version
     assert eval_run.data.tags[registry.TAG_DATASET_VERSION] == "ds-test"
     assert eval_run.data.tags[registry.TAG_STAGE] == "batch_infer"
+    # What the job used (one model: all of it) on its eval run and on the version; the engine's processes (the
+    # actor and vLLM's engine core under it) start vLLM and answer every row: far more than the driver.
+    used = result.usage
+    assert eval_run.data.metrics["usage/cpu_s"] == pytest.approx(used.cpu_s)
+    assert used.cpu_s - used.driver_cpu_s > 5.0 and used.processes >= 3, used
+    assert float(mv.tags["rayline.usage.eval_cpu_s"]) == pytest.approx(used.cpu_s, abs=0.05)
+    assert mv.tags["rayline.usage.total_cpu_s"] == mv.tags["rayline.usage.eval_cpu_s"]
 
 
 @pytest.mark.slow  # imports vLLM through ray.data.llm; builds the plan on the test stack's Ray, runs nothing

@@ -25,6 +25,7 @@ from data.prepared import COLUMNS, load_manifest
 from core import registry, storage
 from stack import faults as stack_faults, lifecycle as stack
 from core.config import config_hash
+from tests.core.job_processes import JobProcesses
 from tests.train.fault_injector import fault_env
 from tests.train.train_faults import ON_WORKER_NODES
 from train.checkpoint import newest_trainer_state
@@ -47,15 +48,20 @@ class Result:
 
 
 @pytest.fixture(scope="module")
-def reference(make_train_config, run_stage, s3_bucket):
-    """The reference run: checkpoints and export in S3."""
+def reference(make_train_config, start_stage, s3_bucket):
+    """The reference run: checkpoints and export in S3. What its job's worker processes used is read from outside
+    while it runs (tests/core/job_processes.py)."""
     cfg = make_train_config(storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
     staging = Path(tempfile.gettempdir()).glob  # where the workers (on this machine) stage each checkpoint
     before = set(staging("rayline-ckpt-*"))
-    run = run_stage("train", cfg)
+    started = start_stage("train", cfg)
+    outside = JobProcesses(started.proc.pid)
+    run = started.finish(timeout=1500)
+    workers_cpu_s = outside.stop()
     assert run.returncode == 0 and run.result, str(run)
     result = Result(run.result)
     result.staging_left = sorted(set(staging("rayline-ckpt-*")) - before)
+    result.workers_cpu_s_outside, result.job_seen = workers_cpu_s, outside.job_id
     return cfg, result
 
 
@@ -109,6 +115,28 @@ def test_fsdp_run_lowers_eval_loss_and_keeps_sharded_checkpoints_in_s3(reference
     productive, wall = (history.curve(run_id, k)[TOTAL_STEPS] for k in ("productive_step_time_s", "job_wall_time_s"))
     assert productive == pytest.approx(sum(history.curve(run_id, "step_time_s").values()), rel=0.05)
     assert productive / wall == pytest.approx(result.goodput)
+
+
+def test_a_runs_usage_is_what_its_processes_used_and_its_version_carries_it_with_the_datas(reference, history):
+    """The run's CPU-seconds (core/usage.py: each worker process reports its own) against the same processes read
+    from outside through Ray's state API and /proc, within 10%; on the run, in the version's tags by stage (its data
+    stage's too) and their total."""
+    cfg, result = reference
+    used = result.usage
+    assert result.job_seen, "the sampler never found the run's Ray job"
+    workers = used["cpu_s"] - used["driver_cpu_s"]
+    assert workers == pytest.approx(result.workers_cpu_s_outside, rel=0.10), (used, result.workers_cpu_s_outside)
+    assert used["processes"] >= 4  # the driver, Train's controller, 2 workers (Ray Data's coordinator, the ledger)
+    assert used["gpu_s"] == 0.0  # no GPU here
+    run = registry.client().get_run(result.mlflow_run_id).data.metrics
+    assert run["usage/cpu_s"] == pytest.approx(used["cpu_s"])
+
+    tags = registry.client().get_model_version(result.model_name, result.model_version).tags
+    manifest = load_manifest(cfg.data.manifest_uri)
+    data = registry.client().get_run(manifest["mlflow_run_id"]).data.metrics["usage/cpu_s"]
+    assert float(tags["rayline.usage.train_cpu_s"]) == pytest.approx(used["cpu_s"], abs=0.05)
+    assert float(tags["rayline.usage.data_cpu_s"]) == pytest.approx(data, abs=0.05) and data > 1.0
+    assert float(tags["rayline.usage.total_cpu_s"]) == pytest.approx(used["cpu_s"] + data, abs=0.1)
 
 
 def test_export_loads_in_transformers_and_reproduces_the_final_eval_loss(reference, tmp_path):
