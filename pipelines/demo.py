@@ -366,7 +366,7 @@ def print_summary(r: DemoResult, scfg: stack.StackConfig) -> None:
                         "defaults fit beside them (engine 0.75 + tasks 0.25); train and tune are sized for the whole "
                         "stack: delete the apps first (docs/OPERATIONS.md, \"A job that waits\"); a job that waits "
                         "says why",
-        "version cost": ", ".join(f"{k} {v:.0f}" for k, v in r.usage.items())
+        "version cost": ", ".join(f"{k} {v:.1f}" for k, v in r.usage.items())
                         + f": {sum(r.usage.values()):.0f} CPU-seconds (rayline.usage.* tags on the version)",
         "total time": f"{r.total_s:.0f}s",
         "lineage (MLflow UI)": f"{registry.tracking_uri()}/#/models/{r.model_name}/versions/{r.model_version}",

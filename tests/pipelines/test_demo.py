@@ -171,6 +171,8 @@ FED_BY_A_CANARY = {"ray_rayline_canary_requests_total", "ray_rayline_canary_ttft
                    "ray_rayline_canary_itl_seconds_sum", "ray_rayline_canary_itl_seconds_count"}
 # The GRPO dashboard's series come from a GRPO run, which the demo does not start (tests/posttrain/ runs GRPO).
 FED_BY_GRPO = {metrics.exported(name) for name in metrics.METRICS if name.startswith("rayline_grpo_")}
+# GPU-seconds grow only where a stage holds a GPU (a Ray counter's series exists once it grew by more than 0).
+FED_ON_A_GPU = {metrics.exported("rayline_stage_gpu_seconds")}
 
 
 def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack):
@@ -203,6 +205,11 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
     models = {s["metric"]["model"] for s in evals if s["metric"]["run"] == "eval"}
     assert f"{cfg.model_name}-candidates/{result.candidate_version}" in models, models  # what the trainer registered
     assert any(m.startswith(f"{BASE_MODEL_NAME}/") for m in models), models
+    # The training job's CPU-seconds (core/usage.py) as Prometheus got them and as the version carries them.
+    train_cpu = prometheus_query.wait_for(url, f'sum(ray_rayline_stage_cpu_seconds_total{{stage="train", '
+                                               f'model="{cfg.model_name}-candidates", version="{result.candidate_version}"}})')
+    candidate = registry.client().get_model_version(f"{cfg.model_name}-candidates", result.candidate_version)
+    assert float(train_cpu[0]["value"][1]) == pytest.approx(float(candidate.tags["rayline.usage.train_cpu_s"]), abs=0.1)
     steps = prometheus_query.query_range(url, f'max(ray_rayline_train_step{{run="{result.train_run_id}"}})',
                                    result.started_at, time.time())
     assert steps and max(float(v) for _, v in steps[0]["values"]) > 0
@@ -220,7 +227,7 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
         return True
 
     empty = [f"{uid} / {title}: {expr}" for uid, title, expr in prometheus.dashboard_queries()
-             if not prometheus.metric_names(expr) <= FED_BY_A_CANARY | FED_BY_GRPO
+             if not prometheus.metric_names(expr) <= FED_BY_A_CANARY | FED_BY_GRPO | FED_ON_A_GPU
              and not has_data(prometheus.grafana_expr(expr))]
     assert not empty, "panels without data:\n" + "\n".join(empty)
     end = time.time() + 30

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from stack import mlflow_auth
-from core import registry
+from core import registry, usage
 from posttrain import dpo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,10 +121,13 @@ def test_dpo_trains_and_registers_with_its_lineage_as_a_candidate(chain):
     assert tags[registry.TAG_WEIGHTS_DIGEST] and tags[registry.TAG_WEIGHTS_MANIFEST]
     assert c.get_run(result["mlflow_run_id"]).data.tags[registry.TAG_STAGE] == "dpo"
     # What the job used (core/usage.py), its pair preparation and reference scoring included: on the run and the
-    # version, which carries no data stage of its own (the job prepared its pairs itself).
+    # version, which carries no data stage of its own (the job prepared its pairs itself), only its eval's share (the
+    # fixture evaluated it beside its parent).
     assert c.get_run(result["mlflow_run_id"]).data.metrics["usage/cpu_s"] == pytest.approx(result["usage"]["cpu_s"])
     assert float(tags["rayline.usage.dpo_cpu_s"]) == pytest.approx(result["usage"]["cpu_s"], abs=0.05)
-    assert tags["rayline.usage.total_cpu_s"] == tags["rayline.usage.dpo_cpu_s"]
+    by_stage = usage.version_usage(tags)
+    assert list(by_stage) == ["dpo", "eval"]
+    assert float(tags["rayline.usage.total_cpu_s"]) == pytest.approx(sum(u.cpu_s for u in by_stage.values()), abs=0.1)
 
 
 def test_the_dpo_version_is_evaluated_beside_its_parent_and_judged_by_the_gate(chain):

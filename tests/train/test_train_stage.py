@@ -125,6 +125,8 @@ def test_a_runs_usage_is_what_its_processes_used_and_its_version_carries_it_with
     used = result.usage
     assert result.job_seen, "the sampler never found the run's Ray job"
     workers = used["cpu_s"] - used["driver_cpu_s"]
+    print(f"\nusage: workers {workers:.1f} CPU-s reported, {result.workers_cpu_s_outside:.1f} read from outside; "
+          f"driver {used['driver_cpu_s']:.1f}; {used['processes']} processes")
     assert workers == pytest.approx(result.workers_cpu_s_outside, rel=0.10), (used, result.workers_cpu_s_outside)
     assert used["processes"] >= 4  # the driver, Train's controller, 2 workers (Ray Data's coordinator, the ledger)
     assert used["gpu_s"] == 0.0  # no GPU here
