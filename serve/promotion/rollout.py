@@ -329,22 +329,13 @@ class Rollout:
             log.info("rollout %s/%s phases: %s", result.model, result.version, clock.line())
         mlflow.log_metric("duration_s", result.seconds)
         mlflow.set_tags({rec.TAG_STATUS: result.status, "rollout.reason": result.reason[: rec.MAX_REASON]})
-        self._record_usage(result)
+        rec.record_usage(result.model, result.version, result.run_id, result.status == DEPLOYED,
+                         usage.driver_cpu_s() - self._cpu_start)
         if result.status not in (UNCHANGED, SKIPPED):
             metrics.inc("rayline_rollouts", 1, model=result.model, outcome=result.status)
             metrics.observe("rayline_rollout_duration_seconds", result.seconds, model=result.model, outcome=result.status)
         log.info(result.line())
         return result
-
-    def _record_usage(self, result: RolloutResult) -> None:
-        """The attempt's CPU seconds (this process's: the gate's hashing, the deploy and verify calls) on its run, in
-        Prometheus and, once deployed, on the version. The new replicas' start-up runs in Serve's processes, which
-        belong to Serve's own job: not in this figure."""
-        cpu = usage.driver_cpu_s() - self._cpu_start
-        used = usage.Usage(cpu, 0.0, 1, cpu)
-        usage.record("rollout", used, result.run_id, model=result.model, version=result.version or "")
-        if result.status == DEPLOYED:
-            usage.tag_version(result.model, result.version, "rollout", used)
 
     # -- following the alias --------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import getpass
 import socket
 from datetime import datetime, timezone
 
-from core import registry
+from core import registry, usage
 
 TAG_STATUS = "rollout.status"
 TAG_DEPLOYED_AT = "deployed_at"
@@ -91,3 +91,13 @@ def run_tags(name: str, alias: str, from_version: str | None, to_version: str, t
         "rollout", **{"rollout.model": name, "rollout.alias": alias, "rollout.from_version": from_version or "",
                       "rollout.to_version": to_version, TAG_TRIGGERED_BY: triggered_by, "rollout.target": target},
     )
+
+
+def record_usage(name: str, version: str | None, run_id: str | None, deployed: bool, cpu_s: float) -> None:
+    """An attempt's CPU seconds (the rollout's own process: the gate's hashing, the deploy and verify calls) on its
+    run, in Prometheus and, once deployed, on the version. The new replicas' start-up runs in Serve's processes, which
+    belong to Serve's own job: not in this figure."""
+    used = usage.Usage(cpu_s, 0.0, 1, cpu_s)
+    usage.record("rollout", used, run_id, model=name, version=version or "")
+    if deployed:
+        usage.tag_version(name, version, "rollout", used)
