@@ -244,6 +244,6 @@ def tag_version(name: str, version: str | int, stage: str, used: Usage, upstream
     from core import registry
 
     tags = registry.client().get_model_version(name, str(version)).tags
-    by_stage = {**version_usage(tags), **(upstream or {}), stage: used}
-    new = {k: v for s, u in by_stage.items() for k, v in u.tags(s).items()}
-    registry.set_display_tags(name, version, {**new, **total_tags(by_stage)})
+    adding = {**(upstream or {}), stage: used}
+    new = {k: v for s, u in adding.items() for k, v in u.tags(s).items()}
+    registry.set_display_tags(name, version, {**new, **total_tags({**version_usage(tags), **adding})})
