@@ -176,19 +176,29 @@ class StageUsage:
     @classmethod
     def start(cls) -> "StageUsage":
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        name = ledger_name(ray.get_runtime_context().get_job_id())
-        # Not waited for: its process starts beside the job's first tasks, whose reporters look for it for LOOKUP_S
-        # and send their running totals, so nothing they did before it was up is lost.
-        ledger = _ledger_class().options(name=name, get_if_exists=True).remote()
+        ctx = ray.get_runtime_context()
+        # On the driver's node: the job goes on when a worker node is lost (an elastic run, a batch engine's node), so
+        # must its ledger. Not waited for: its process starts beside the job's first tasks, whose reporters look for
+        # it for LOOKUP_S and send running totals, so nothing they did before it was up is lost.
+        ledger = _ledger_class().options(
+            name=ledger_name(ctx.get_job_id()), get_if_exists=True,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ctx.get_node_id(), soft=True)).remote()
         return cls(ledger, driver_cpu_s())
 
     def totals(self) -> Usage:
-        """The job's usage so far; waits one report interval so each live process's latest figures are in."""
+        """The job's usage so far; waits one report interval so each live process's latest figures are in. Metering
+        never fails a stage: with the ledger gone (its node lost) only the driver's own time is counted, and it says so."""
         import ray
 
         time.sleep(REPORT_S + 0.1)
-        cpu_s, gpu_s, processes = ray.get(self._ledger.totals.remote())
+        try:
+            cpu_s, gpu_s, processes = ray.get(self._ledger.totals.remote(), timeout=60)
+        except Exception as e:  # the actor died with its node, or cannot answer
+            print(f"usage: the job's ledger did not answer ({type(e).__name__}): only the driver's CPU time is counted",
+                  flush=True)
+            cpu_s, gpu_s, processes = 0.0, 0.0, 0
         driver = driver_cpu_s() - self._driver_start_s
         return Usage(cpu_s + driver, gpu_s, processes + 1, driver)
 

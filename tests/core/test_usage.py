@@ -65,3 +65,17 @@ def test_descendants_of_a_gone_process_are_none():
     proc.wait()
     time.sleep(0.05)
     assert usage.descendants(proc.pid) == []
+
+
+def test_a_ledger_that_does_not_answer_leaves_the_drivers_time_and_fails_nothing(capsys):
+    class Gone:  # the ledger's handle after its node was lost
+        class totals:
+            @staticmethod
+            def remote():
+                raise RuntimeError("the actor died")
+
+    meter = usage.StageUsage(Gone(), usage.driver_cpu_s())
+    sum(i * i for i in range(200_000))
+    used = meter.totals()
+    assert used.processes == 1 and used.gpu_s == 0.0 and used.cpu_s == used.driver_cpu_s >= 0.0
+    assert "the job's ledger did not answer (RuntimeError): only the driver's CPU time is counted" in capsys.readouterr().out
