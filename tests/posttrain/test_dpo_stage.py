@@ -124,10 +124,10 @@ def test_dpo_trains_and_registers_with_its_lineage_as_a_candidate(chain):
     # version, which carries no data stage of its own (the job prepared its pairs itself), only its eval's share (the
     # fixture evaluated it beside its parent).
     assert c.get_run(result["mlflow_run_id"]).data.metrics["usage/cpu_s"] == pytest.approx(result["usage"]["cpu_s"])
-    assert float(tags["rayline.usage.dpo_cpu_s"]) == pytest.approx(result["usage"]["cpu_s"], abs=0.05)
+    assert tags["rayline.usage.dpo_cpu_s"] == f"{result['usage']['cpu_s']:.1f}"
     by_stage = usage.version_usage(tags)
     assert list(by_stage) == ["dpo", "eval"]
-    assert float(tags["rayline.usage.total_cpu_s"]) == pytest.approx(sum(u.cpu_s for u in by_stage.values()), abs=0.1)
+    assert float(tags["rayline.usage.total_cpu_s"]) == pytest.approx(sum(u.cpu_s for u in by_stage.values()), abs=0.11)
 
 
 def test_the_dpo_version_is_evaluated_beside_its_parent_and_judged_by_the_gate(chain):

@@ -114,6 +114,6 @@ def test_the_best_trial_registers_like_a_dpo_run(search):
     assert tags[TAG_TUNE_SEARCH] == search["cfg"]["search_name"] and tags[TAG_TUNE_TRIAL] == best["trial_id"]
     assert tags[TAG_TUNE_METRIC].startswith(f"{METRIC}=")
     # The whole search's usage (every trial, the stopped ones too) on the registered best.
-    assert float(tags["rayline.usage.tune_cpu_s"]) == pytest.approx(result["usage"]["cpu_s"], abs=0.05)
+    assert tags["rayline.usage.tune_cpu_s"] == f"{result['usage']['cpu_s']:.1f}"
     assert result["usage"]["cpu_s"] > result["usage"]["driver_cpu_s"] and result["usage"]["processes"] >= 4
     assert tags[registry.TAG_WEIGHTS_DIGEST] and mv.run_id == children[best["trial_id"]].info.run_id

@@ -93,7 +93,7 @@ def test_grpo_raises_reward_and_exact_match_resumes_after_losing_roles_and_regis
     # What the job used (core/usage.py): the policy ranks, the rollout engines and the reference, beside the driver.
     used = result.usage
     assert used.cpu_s - used.driver_cpu_s > 10.0 and used.processes >= 4, used
-    assert float(mv.tags["rayline.usage.grpo_cpu_s"]) == pytest.approx(used.cpu_s, abs=0.05)
+    assert mv.tags["rayline.usage.grpo_cpu_s"] == f"{used.cpu_s:.1f}"
     assert mv.tags["rayline.usage.total_cpu_s"] == mv.tags["rayline.usage.grpo_cpu_s"]
 
     history = [m.value for m in client.get_metric_history(result.mlflow_run_id, "grpo/reward_mean")]

@@ -178,7 +178,7 @@ def test_promote_under_load_switches_to_v2_without_a_failed_request(setup, local
     assert sum(phases.values()) == pytest.approx(run.data.metrics["duration_s"], abs=0.01)
     # What the attempt used (the rollout's own process: the gate hashes v2's files) on the run and on v2.
     assert run.data.metrics["usage/cpu_s"] > 0 and run.data.metrics["usage/gpu_s"] == 0
-    assert float(new["rayline.usage.rollout_cpu_s"]) == pytest.approx(run.data.metrics["usage/cpu_s"], abs=0.05)
+    assert new["rayline.usage.rollout_cpu_s"] == f"{run.data.metrics['usage/cpu_s']:.1f}"
     assert float(new["rayline.usage.total_cpu_s"]) >= float(new["rayline.usage.rollout_cpu_s"])
     # The same serving config: Serve reused v1's build (the version is in the replicas' actor options, not in `args`).
     assert builds_of(local_stack, app) == builds
