@@ -48,19 +48,29 @@ class Result:
 
 
 @pytest.fixture(scope="module")
-def reference(make_train_config, start_stage, s3_bucket):
-    """The reference run: checkpoints and export in S3. What its job's worker processes used is read from outside
-    while it runs (tests/core/job_processes.py)."""
+def reference(make_train_config, run_stage, s3_bucket):
+    """The reference run: checkpoints and export in S3."""
     cfg = make_train_config(storage=f"{s3_bucket}/train-tests/{uuid.uuid4().hex[:8]}")
     staging = Path(tempfile.gettempdir()).glob  # where the workers (on this machine) stage each checkpoint
     before = set(staging("rayline-ckpt-*"))
+    run = run_stage("train", cfg)
+    assert run.returncode == 0 and run.result, str(run)
+    result = Result(run.result)
+    result.staging_left = sorted(set(staging("rayline-ckpt-*")) - before)
+    return cfg, result
+
+
+@pytest.fixture(scope="module")
+def metered(make_train_config, start_stage):
+    """A short run whose job's worker processes are also read from outside while it runs (tests/core/job_processes.py:
+    Ray's state API every 0.2 s, a load of its own, so not on the reference, whose goodput is compared)."""
+    cfg = make_train_config("train.max_steps=6")
     started = start_stage("train", cfg)
-    outside = JobProcesses(started.proc.pid, interval_s=1.0)  # light: this run is also the goodput reference
+    outside = JobProcesses(started.proc.pid)
     run = started.finish(timeout=1500)
     workers_cpu_s = outside.stop()
     assert run.returncode == 0 and run.result, str(run)
     result = Result(run.result)
-    result.staging_left = sorted(set(staging("rayline-ckpt-*")) - before)
     result.workers_cpu_s_outside, result.job_seen = workers_cpu_s, outside.job_id
     return cfg, result
 
@@ -117,11 +127,11 @@ def test_fsdp_run_lowers_eval_loss_and_keeps_sharded_checkpoints_in_s3(reference
     assert productive / wall == pytest.approx(result.goodput)
 
 
-def test_a_runs_usage_is_what_its_processes_used_and_its_version_carries_it_with_the_datas(reference, history):
+def test_a_runs_usage_is_what_its_processes_used_and_its_version_carries_it_with_the_datas(metered):
     """The run's CPU-seconds (core/usage.py: each worker process reports its own) against the same processes read
     from outside through Ray's state API and /proc, within 10%; on the run, in the version's tags by stage (its data
     stage's too) and their total."""
-    cfg, result = reference
+    cfg, result = metered
     used = result.usage
     assert result.job_seen, "the sampler never found the run's Ray job"
     workers = used["cpu_s"] - used["driver_cpu_s"]
@@ -268,7 +278,13 @@ def test_faulted_run_finishes_as_the_uninterrupted_one(reference, faulted, histo
     # And it ends with the same model: the same final eval loss and, byte for byte, the same exported weights.
     assert (run.final_step, run.eval_loss, run.first_eval_loss) == (ref.final_step, ref.eval_loss, ref.first_eval_loss)
     assert run.export_uri != ref.export_uri
-    assert run.goodput < ref.goodput  # the lost node's restart and the redone steps cost wall time, no kept step time
+    # The lost node's restart and the redone steps cost wall time and add no kept step time: the faulted job loses more
+    # seconds than the uninterrupted one. (Not the goodput ratio: the faulted run's steps run on two 1-CPU nodes, slower
+    # than the reference's on the head, which raises its ratio; on a busy machine above the reference's.)
+    def lost_s(r):
+        return (history.curve(r.mlflow_run_id, "job_wall_time_s")[TOTAL_STEPS]
+                - history.curve(r.mlflow_run_id, "productive_step_time_s")[TOTAL_STEPS])
+    assert lost_s(run) > lost_s(ref) + 10, (lost_s(run), lost_s(ref))
     weights = [storage.read_bytes(storage.join(r.export_uri, "model.safetensors")) for r in (run, ref)]
     assert weights[0] == weights[1]
 
