@@ -73,3 +73,20 @@ def write_adapter(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], o
     model.peft_config["default"].save_pretrained(str(out_dir))
     (out_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
     return out_dir
+
+
+def merged_state_dict(state_dict: dict[str, torch.Tensor], scale: float, adapter: str = "default"
+                      ) -> dict[str, torch.Tensor]:
+    """A LoRA model's full state dict (peft's keys) -> the base model's, each adapter folded into its layer:
+    W + scale * B @ A (scale = alpha / rank) under the names the base checkpoint uses, what an engine loads."""
+    prefix, base, lora = "base_model.model.", ".base_layer.", (f".lora_A.{adapter}.", f".lora_B.{adapter}.")
+    out = {}
+    for key, value in state_dict.items():
+        if any(part in key for part in lora):
+            continue
+        if key.endswith(f"{base}weight") and f"{key[:-len(base + 'weight')]}{lora[0]}weight" in state_dict:
+            stem = key[:-len(base + "weight")]
+            a, b = state_dict[f"{stem}{lora[0]}weight"].float(), state_dict[f"{stem}{lora[1]}weight"].float()
+            value = (value.float() + scale * (b @ a)).to(value.dtype)
+        out[key.removeprefix(prefix).replace(base, ".")] = value
+    return out

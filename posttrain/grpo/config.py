@@ -7,6 +7,7 @@ from typing import Literal
 
 from core.config import require
 from serve.online.engine import EngineConfig
+from train.config import LoraConfig
 
 
 @dataclass
@@ -47,6 +48,9 @@ class PolicyConfig:
     beta: float = 0.0
     """Weight of the KL-to-reference term (0: off, no reference model kept; TRL's default too)."""
     micro_batch: int = 32
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """`lora.enabled`: train a LoRA adapter on the frozen start model (train/'s `lora` section) instead of every weight;
+    the engines get, and the export holds, the start's weights with the adapter folded in (a full checkpoint)."""
 
 
 @dataclass

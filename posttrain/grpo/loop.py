@@ -98,7 +98,7 @@ class Roles:
     def _policy(self) -> list:
         p = self.cfg.policy
         return policy_group(self.model_dir, p.num_workers, p.cpus_per_worker, p.threads, p.lr, p.weight_decay, p.clip_eps,
-                            p.beta, self.cfg.seed, self.policy_opts)
+                            p.beta, self.cfg.seed, self.policy_opts, p.lora)
 
     def restart(self) -> None:
         for worker in self.policy:

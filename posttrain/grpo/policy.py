@@ -1,6 +1,7 @@
-"""The policy: a Ray actor holding the trained model (FSDP2 over a gloo/NCCL group, as train/ shards it), its
-optimizer and, when the KL term is on, the frozen reference. It scores tokens, takes GRPO steps, hands out its
-full weights for the rollout engines, and saves/loads checkpoints (train/checkpoint.py's DCP layout).
+"""The policy: a Ray actor holding the trained model (FSDP2 over a gloo/NCCL group, as train/ shards it; full weights
+or a LoRA adapter on the frozen base, as train/ does either), its optimizer and, when the KL term is on, the frozen
+reference. It scores tokens, takes GRPO steps, hands out its full weights for the rollout engines (a LoRA policy's
+adapter folded into them), and saves/loads checkpoints (train/checkpoint.py's DCP layout).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from posttrain.grpo.loss import grpo_loss
+from train.config import LoraConfig
 
 
 def free_port() -> int:
@@ -47,7 +49,7 @@ class PolicyWorker:
     """One rank of the policy (`world_size` ranks form one FSDP2 group). Use `policy_actor` to start it."""
 
     def __init__(self, model_dir: str, rank: int, world_size: int, master: str, lr: float, weight_decay: float,
-                 clip_eps: float, beta: float, threads: int, seed: int):
+                 clip_eps: float, beta: float, threads: int, seed: int, lora: LoraConfig | None = None):
         import torch.distributed as dist
 
         from train.fsdp import build_sharded_model, load_model
@@ -59,7 +61,8 @@ class PolicyWorker:
         if not dist.is_initialized():
             dist.init_process_group("gloo", rank=rank, world_size=world_size)
         self.rank, self.model_dir = rank, model_dir
-        self.model = build_sharded_model(model_dir, torch.device("cpu"))
+        self.lora = lora if lora is not None and lora.enabled else None
+        self.model = build_sharded_model(model_dir, torch.device("cpu"), lora=self.lora, base_model_ref=model_dir)
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr,
                                            betas=(0.9, 0.99), weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
@@ -104,11 +107,15 @@ class PolicyWorker:
         return {**totals, "train_seconds": time.perf_counter() - start}
 
     def full_weights(self) -> dict[str, Any]:
-        """Collective: the unsharded weights (HF names) as numpy arrays on rank 0 ({} elsewhere); numpy so Ray's
-        object store hands them to every rollout engine without a pickle copy per reader."""
+        """Collective: the unsharded weights (HF names; a LoRA policy's adapter folded in) as numpy arrays on rank 0
+        ({} elsewhere); numpy so Ray's object store hands them to every rollout engine without a pickle copy per
+        reader."""
         from train.export import full_state_dict
+        from train.lora import merged_state_dict
 
         state = full_state_dict(self.model)
+        if self.lora is not None and self.rank == 0:
+            state = merged_state_dict(state, self.lora.alpha / self.lora.rank)
         return {k: v.numpy() for k, v in state.items()} if self.rank == 0 else {}
 
     def next_token_logprobs(self, prompt_ids: list[int], k: int) -> dict[int, float]:
@@ -142,7 +149,7 @@ class PolicyWorker:
 
 def policy_group(model_dir: str, world_size: int, cpus_per_worker: float, threads: int, lr: float,
                  weight_decay: float, clip_eps: float, beta: float, seed: int,
-                 placements: list[dict[str, Any]] | None = None) -> list:
+                 placements: list[dict[str, Any]] | None = None, lora: LoraConfig | None = None) -> list:
     """Start the policy's `world_size` ranks as Ray actors (one FSDP2 group)."""
     import ray
 
@@ -151,4 +158,5 @@ def policy_group(model_dir: str, world_size: int, cpus_per_worker: float, thread
     threads = threads or max(1, int(cpus_per_worker))
     cls = ray.remote(PolicyWorker)
     return [cls.options(num_cpus=cpus_per_worker, **placements[r]).remote(
-        model_dir, r, world_size, master, lr, weight_decay, clip_eps, beta, threads, seed) for r in range(world_size)]
+        model_dir, r, world_size, master, lr, weight_decay, clip_eps, beta, threads, seed, lora)
+        for r in range(world_size)]

@@ -26,42 +26,53 @@ def policy_dir(tmp_path_factory):
 
 
 def test_after_a_sync_the_engine_scores_the_next_token_as_the_trainer_does(ray_session, policy_dir):
+    """A full-weight policy, then a LoRA one (policy.lora.enabled: train/lora.py's adapter on the frozen start) on the
+    same engine: after each sync the engine computes what the trainer's model does; for LoRA it gets the start's
+    weights with the adapter folded in."""
     import ray
     from transformers import AutoTokenizer
 
     from posttrain.grpo.policy import policy_group
     from posttrain.grpo.rollout_pool import RolloutPool
 
-    cfg = load_config(GrpoConfig, CONFIG, ["prompts.uri=unused", "output_uri=unused"])
+    cfg = load_config(GrpoConfig, CONFIG, ["prompts.uri=unused", "output_uri=unused", "policy.lora.enabled=true",
+                                           "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+                                           "down_proj]"])
     pool = RolloutPool(str(policy_dir), cfg.engine, 1)
-    (policy,) = policy_group(str(policy_dir), 1, 0.8, 2, 1e-2, 0.0, 0.2, 0.0, 0)
     engine = pool.actors[0]
+    tok = AutoTokenizer.from_pretrained(policy_dir)
+    ids = list(tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True,
+                                       tokenize=True, return_dict=True)["input_ids"])
+
+    def gap(a: dict, b: dict) -> float:
+        assert set(a) == set(b), f"top-5 next tokens differ: engine {a}, trainer {b}"
+        return max(abs(a[t] - b[t]) for t in a)
+
     try:
-        tok = AutoTokenizer.from_pretrained(policy_dir)
-        ids = list(tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=True)["input_ids"])
+        for step, lora in ((1, None), (2, cfg.policy.lora)):
+            (policy,) = policy_group(str(policy_dir), 1, 0.8, 2, 1e-2, 0.0, 0.2, 0.0, 0, lora=lora)
 
-        def both() -> tuple[dict, dict]:
-            return ray.get(engine.next_token_logprobs.remote(ids, 5)), ray.get(policy.next_token_logprobs.remote(ids, 5))
-
-        def gap(a: dict, b: dict) -> float:
-            assert set(a) == set(b), f"top-5 next tokens differ: engine {a}, trainer {b}"
-            return max(abs(a[t] - b[t]) for t in a)
-
-        assert gap(*both()) < 1e-3  # same checkpoint, same float32 weights
-        samples, _ = ray.get(pool.generate([(0, ids)], 8, 6, 1.0, 0))[0]
-        rows = [(s.prompt_ids, s.completion_ids) for s in samples]
-        ray.get(policy.train_step.remote(rows, [1.0, -1.0] * 4, 8))
-        engine_lp, trainer_lp = both()
-        moved = {t: engine_lp.get(t) for t in trainer_lp}
-        assert any(v is None or abs(v - trainer_lp[t]) > 1e-2 for t, v in moved.items()), "the step changed nothing"
-        seconds = pool.load_weights(policy.full_weights.remote(), 1)
-        assert seconds[0] > 0
-        assert gap(*both()) < 1e-3
-        assert ray.get(pool.generate([(0, ids)], 2, 2, 1.0, 0))[0][0][0].policy_step == 1
+            def both() -> tuple[dict, dict]:
+                return (ray.get(engine.next_token_logprobs.remote(ids, 5)),
+                        ray.get(policy.next_token_logprobs.remote(ids, 5)))
+            try:
+                if lora is not None:  # the engine holds the full policy's step: back to the start, its adapter at 0
+                    pool.load_weights(policy.full_weights.remote(), step - 1)
+                assert gap(*both()) < 1e-3  # same start, same float32 weights
+                samples, _ = ray.get(pool.generate([(0, ids)], 8, 6, 1.0, 0))[0]
+                rows = [(s.prompt_ids, s.completion_ids) for s in samples]
+                ray.get(policy.train_step.remote(rows, [1.0, -1.0] * 4, 8))
+                engine_lp, trainer_lp = both()
+                moved = {t: engine_lp.get(t) for t in trainer_lp}
+                assert any(v is None or abs(v - trainer_lp[t]) > 1e-2 for t, v in moved.items()), "the step changed nothing"
+                seconds = pool.load_weights(policy.full_weights.remote(), step)
+                assert seconds[0] > 0
+                assert gap(*both()) < 1e-3, "lora" if lora else "full"
+                assert ray.get(pool.generate([(0, ids)], 2, 2, 1.0, 0))[0][0][0].policy_step == step
+            finally:
+                ray.kill(policy)
     finally:
-        for actor in (engine, policy):
-            ray.kill(actor)
+        ray.kill(engine)
 
 
 def test_grpo_raises_reward_and_exact_match_resumes_after_losing_roles_and_registers(local_stack, policy_dir,
