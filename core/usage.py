@@ -213,6 +213,12 @@ def version_usage(tags: dict[str, str]) -> dict[str, Usage]:
     return out
 
 
+def inherited(parent_tags: dict[str, str]) -> dict[str, Usage]:
+    """What building a version's parent cost, from the parent's tags: its data, tune, train and post-training stages,
+    not its eval or rollout (those were the parent's own). A post-trained version carries it beside its own stage."""
+    return {k: u for k, u in version_usage(parent_tags).items() if k not in ("eval", "rollout")}
+
+
 def total_tags(by_stage: dict[str, Usage]) -> dict[str, str]:
     """`rayline.usage.total_cpu_s` / `_gpu_s`: the sum over the stages a version carries."""
     total = sum(by_stage.values(), Usage())
@@ -254,6 +260,7 @@ def tag_version(name: str, version: str | int, stage: str, used: Usage, upstream
     from core import registry
 
     tags = registry.client().get_model_version(name, str(version)).tags
-    adding = {**(upstream or {}), stage: used}
+    adding = dict(upstream or {})
+    adding[stage] = adding.get(stage, Usage()) + used  # a stage also upstream (GRPO of a GRPO version): both runs
     new = {k: v for s, u in adding.items() for k, v in u.tags(s).items()}
     registry.set_display_tags(name, version, {**new, **total_tags({**version_usage(tags), **adding})})

@@ -149,5 +149,5 @@ def main(cfg: DpoConfig) -> DpoResult:
                                          export_uri=result.export_uri)
             if registered:
                 result.model_name, result.model_version = registered
-        result.usage = record_usage("dpo", meter, run_id, registered, None)
+        result.usage = record_usage("dpo", meter, run_id, registered, None, parent=cfg.model.path)
     return result

@@ -147,13 +147,17 @@ def data_usage(manifest_uri: str) -> dict[str, usage.Usage]:
     return {"data": used} if used else {}
 
 
-def record_usage(stage: str, meter: usage.StageUsage, run_id: str, registered: tuple[str, str] | None,
-                 manifest_uri: str | None) -> usage.Usage:
-    """The job's usage on its run, in Prometheus and, when it registered a version, on that version with the usage of
-    the data stage that prepared `manifest_uri` (None: the job prepared its data itself, so its usage holds it)."""
+def record_usage(stage: str, meter: usage.StageUsage, run_id: str | None, registered: tuple[str, str] | None,
+                 manifest_uri: str | None, parent: str = "") -> usage.Usage:
+    """The job's usage on its run, in Prometheus and, when it registered a version, on that version with what came
+    before it: the usage of the data stage that prepared `manifest_uri` (None: the job prepared its data itself, so
+    its usage holds it), or, for a post-trained version, what building its `parent` (`models:/NAME/VERSION`) cost."""
     used = meter.totals()
     name, version = registered or ("", "")
     usage.record(stage, used, run_id, model=name, version=version)
     if registered:
-        usage.tag_version(name, version, stage, used, upstream=data_usage(manifest_uri) if manifest_uri else None)
+        upstream = data_usage(manifest_uri) if manifest_uri else None
+        if parent.startswith("models:/"):
+            upstream = usage.inherited(registry.get_version(parent).tags)
+        usage.tag_version(name, version, stage, used, upstream=upstream)
     return used

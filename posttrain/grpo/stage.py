@@ -48,6 +48,7 @@ def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
     from transformers import AutoTokenizer
 
     from core import registry, usage
+    from train.tracking import record_usage
     from core.ray_cluster import init_ray
     from posttrain.grpo import loop, tracking
     from posttrain.grpo.prompts import file_digest, load_prompts
@@ -55,7 +56,9 @@ def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
 
     started = time.time()
     model_dir, info = resolve_model(cfg.model)
-    parent = info.label
+    # How lineage names the start: `models:/NAME/VERSION` (an alias resolved), as train and DPO name theirs, so the
+    # batch eval compares the version with it when one job scores both; else its path.
+    parent = f"models:/{info.label}" if info.name and info.version else info.label
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = load_prompts(cfg.prompts.uri, tokenizer, cfg.prompts.tasks, cfg.prompts.limit)
     eval_prompts = load_prompts(cfg.eval_uri, tokenizer, limit=cfg.eval_limit) if cfg.eval_uri else None
@@ -96,10 +99,8 @@ def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
             if cfg.register_as:
                 result.model_name = cfg.register_as
                 result.model_version = tracking.register(cfg.register_as, str(export_dir), run_id, tags, res.steps)
-        result.usage = used = meter.totals()
-        usage.record("grpo", used, run_id, model=result.model_name or "", version=result.model_version or "")
-        if result.model_version:
-            usage.tag_version(result.model_name, result.model_version, "grpo", used)
+        registered = (result.model_name, result.model_version) if result.model_version else None
+        result.usage = record_usage("grpo", meter, run_id, registered, None, parent=parent)
     result.seconds = round(time.time() - started, 1)
     (output / "result.json").write_text(json.dumps(asdict(result), indent=2))
     return result

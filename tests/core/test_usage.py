@@ -55,6 +55,12 @@ def test_a_versions_tags_give_back_its_usage_by_stage_and_the_total_adds_them():
     assert usage.total_tags(by_stage) == {"rayline.usage.total_cpu_s": "115.3", "rayline.usage.total_gpu_s": "9.0"}
 
 
+def test_a_post_trained_version_inherits_what_building_its_parent_cost_not_its_eval_or_rollout():
+    parent = {**Usage(10.0).tags("data"), **Usage(100.0, 2.0).tags("train"), **Usage(5.0).tags("eval"),
+              **Usage(0.4).tags("rollout")}
+    assert usage.inherited(parent) == {"data": Usage(10.0), "train": Usage(100.0, 2.0)}
+
+
 def test_an_unknown_stage_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError, match="usage stage 'serve': one of data, tune, train, dpo, grpo, eval, rollout"):
         Usage().tags("serve")

@@ -52,15 +52,21 @@ def test_lineage_joins_dataset_run_model_version_and_deployment(demo):
     assert f"manifest: {result.manifest_uri}" in data_log, data_log[-3000:]
 
     mv = registry.get_version(f"models:/{cfg.model_name}/{result.model_version}")
-    # What serves is the promoter's copy of the candidate the trainer registered and the evaluator scored.
-    assert mv.source == f"models:/{cfg.model_name}-candidates/{result.candidate_version}"
-    assert mv.run_id == result.train_run_id
+    # What serves is the promoter's copy of the candidate the trainer registered and the evaluator scored: the
+    # post-trained version (its parent the fine-tune) or the fine-tune (test_post_training_... holds which).
+    post_trained = result.promoted_stage == "post-trained"
+    candidates = f"{cfg.model_name}-candidates"
+    assert mv.source == f"models:/{candidates}/{result.candidate_version}"
+    assert mv.run_id == (result.grpo_run_id if post_trained else result.train_run_id)
+    fine_tune = client.get_model_version(candidates, result.fine_tuned_version)
     train_run = client.get_run(result.train_run_id)
-    for tags in (mv.tags, train_run.data.tags):
+    for tags in (fine_tune.tags, train_run.data.tags) + ((mv.tags,) if not post_trained else ()):
         assert tags[registry.TAG_DATASET_VERSION] == result.dataset_version
         assert tags[registry.TAG_DATASET_MANIFEST] == result.manifest_uri
         assert tags[registry.TAG_CONFIG_HASH] and tags[registry.TAG_RAY_JOB_ID]
-    assert mv.tags[registry.TAG_BASE_MODEL].startswith("models:/rayline-tiny-base/")
+    assert fine_tune.tags[registry.TAG_BASE_MODEL].startswith("models:/rayline-tiny-base/")
+    parent = f"models:/{candidates}/{result.fine_tuned_version}" if post_trained else fine_tune.tags[registry.TAG_BASE_MODEL]
+    assert mv.tags[registry.TAG_BASE_MODEL] == parent
     # The trained run used the best trial's parameters.
     for key, value in result.best_params.items():
         assert float(train_run.data.params[key]) == pytest.approx(float(value))
@@ -68,24 +74,29 @@ def test_lineage_joins_dataset_run_model_version_and_deployment(demo):
     assert mv.tags[rollout_record.TAG_STATUS] == rollout_record.STATUS_DEPLOYED and mv.tags[rollout_record.TAG_DEPLOYED_AT]
     # The rollout run names the candidate the promoter copied in and the exact bytes its gate approved.
     rollout_run = client.get_run(mv.tags[rollout_record.TAG_RUN_ID])
-    assert rollout_run.data.tags["rollout.promoted_from"] == f"{cfg.model_name}-candidates/{result.candidate_version}"
+    assert rollout_run.data.tags["rollout.promoted_from"] == f"{candidates}/{result.candidate_version}"
     assert rollout_run.data.tags["rollout.weights_digest"] == mv.tags[registry.TAG_WEIGHTS_DIGEST]
     assert registry.get_alias(cfg.model_name, registry.DEFAULT_ALIAS).version == result.model_version
-    assert float(mv.tags["eval.exact_match"]) == pytest.approx(result.exact_match["fine-tuned"])
-    # What the serving version cost, by stage (core/usage.py): the data it trained on, its training, its share of
-    # the eval job, its rollout; the total adds them up. The summary shows the same figures.
+    assert float(mv.tags["eval.exact_match"]) == pytest.approx(result.exact_match[result.promoted_stage])
+    # What the serving version cost, by stage (core/usage.py): the data it trained on, its training (a post-trained
+    # version: its parent's, and its GRPO run), its share of the eval job, its rollout; the total adds them up. The
+    # summary shows the same figures.
     by_stage = usage.version_usage(mv.tags)
-    assert list(by_stage) == ["data", "train", "eval", "rollout"] and all(u.cpu_s > 0 for u in by_stage.values())
+    assert list(by_stage) == ["data", "train", *(["grpo"] if post_trained else []), "eval", "rollout"]
+    assert all(u.cpu_s > 0 for u in by_stage.values())
+    if post_trained:  # the fine-tune's data and training, inherited as its version carries them
+        assert by_stage["train"] == usage.version_usage(fine_tune.tags)["train"]
     assert by_stage["train"].cpu_s > by_stage["rollout"].cpu_s
     assert float(mv.tags["rayline.usage.total_cpu_s"]) == pytest.approx(sum(u.cpu_s for u in by_stage.values()),
                                                                         abs=0.3)
     assert result.usage == {k: u.cpu_s for k, u in by_stage.items()}
-    # Promotion evidence on the version's page: the eval report against its base (no champion before it) on the same
-    # rows, and what the rollout's gate said before anyone set the alias.
+    # Promotion evidence on the version's page: the eval report against its base (no champion before it; a
+    # post-trained version's base is its parent, scored in the same job) on the same rows, and what the rollout's
+    # gate said before anyone set the alias.
     assert mv.tags["eval.report"] == f"runs:/{mv.tags['eval.run_id']}/eval_report.md"
     assert mv.tags["eval.compared_with"] == mv.tags[registry.TAG_BASE_MODEL].removeprefix("models:/") + " (base)"
-    assert float(mv.tags["eval.delta.exact_match"]) == pytest.approx(
-        result.exact_match["fine-tuned"] - result.exact_match["base"], abs=1e-3)
+    assert float(mv.tags["eval.delta.exact_match"]) == pytest.approx(result.exact_match[result.promoted_stage] - (
+        result.exact_match["fine-tuned" if post_trained else "base"]), abs=1e-3)
     assert mv.tags["gate.verdict"] == "pass" and mv.tags["gate.reasons"] == ""
 
 
@@ -122,13 +133,42 @@ def test_the_fine_tuned_model_and_the_adapter_visibly_learned(demo):
     (pipelines/demo.py final_overrides, lora_overrides), the fine-tuned model and the adapter each answer at least
     half of the eval questions, and both answer the chat question in the sum's own form. At ~0.78 exact match the
     fine-tune gets that one question right about 3 times in 4, as the README says (2026-12-06's clean-clone demo:
-    0.79 and "6"; training on 2 Ray workers is not bitwise repeatable), so its rightness is shown, not required:
-    a promoted model that answers it right in every run is post-training's job (issue 49)."""
+    0.79 and "6"; training on 2 Ray workers is not bitwise repeatable), so its rightness is shown, not required."""
     _, result = demo
     scores = result.exact_match
     assert scores["fine-tuned"] >= 0.5 and scores["adapter"] >= 0.5 and scores["base"] < 0.25, scores
     assert result.question == QUESTION[0] and result.answer.strip().isdigit(), result  # a sum, not chat noise
     assert result.adapter_answer.strip().isdigit(), result
+
+
+def test_post_training_registers_grpo_from_the_fine_tune_scores_it_beside_its_parent_and_the_better_is_promoted(demo):
+    """GRPO from the fine-tune (pipelines/demo.py grpo_overrides: the sums, its eval's weakest task) is a candidate
+    version of its own whose lineage names the fine-tune; the one eval job scored both on the same rows and reports
+    the post-trained version against its parent; its verifier's reward rose over the run; the promoter took it when
+    its exact match is at least the fine-tune's, else the fine-tune."""
+    cfg, result = demo
+    client = registry.client()
+    candidates = f"{cfg.model_name}-candidates"
+    grpo = client.get_model_version(candidates, result.post_trained_version)
+    fine_tune = client.get_model_version(candidates, result.fine_tuned_version)
+    assert grpo.run_id == result.grpo_run_id and grpo.tags[registry.TAG_STAGE] == "grpo"
+    assert grpo.tags["rayline.parent_version"] == f"models:/{candidates}/{result.fine_tuned_version}"
+    eval_jobs = {client.get_run(v.tags["eval.run_id"]).data.tags[registry.TAG_RAY_JOB_ID] for v in (grpo, fine_tune)}
+    assert len(eval_jobs) == 1, eval_jobs  # one job, the same rows
+    assert grpo.tags["eval.compared_with"] == f"{candidates}/{result.fine_tuned_version} (base)"
+    assert float(grpo.tags["eval.exact_match"]) == pytest.approx(result.exact_match["post-trained"])
+    history = sorted(client.get_metric_history(result.grpo_run_id, "grpo/reward_mean"), key=lambda m: m.step)
+    assert [m.step for m in history] == list(range(1, len(history) + 1)) and len(history) >= 10
+    first, last = (sum(m.value for m in part) / 5 for part in (history[:5], history[-5:]))
+    assert last > first, [m.value for m in history]
+    assert result.reward == (history[0].value, history[-1].value)
+    # What it cost (core/usage.py): its fine-tune's data and training, inherited as the fine-tune carries them, its own
+    # GRPO job and its share of the eval job (and its rollout, when it serves).
+    by_stage, parent_stages = usage.version_usage(grpo.tags), usage.version_usage(fine_tune.tags)
+    assert list(by_stage)[:4] == ["data", "train", "grpo", "eval"] and all(u.cpu_s > 0 for u in by_stage.values())
+    assert (by_stage["data"], by_stage["train"]) == (parent_stages["data"], parent_stages["train"])
+    better = result.exact_match["post-trained"] >= result.exact_match["fine-tuned"]
+    assert result.candidate_version == (result.post_trained_version if better else result.fine_tuned_version), result
 
 
 def test_the_adapter_is_a_version_of_its_own_registered_with_its_base_and_served_beside_it(demo, local_stack):
@@ -169,8 +209,6 @@ EVENTS_THE_DEMO_DOES_NOT_CAUSE = {
 # Panels fed only by these show a canary, which the demo does not run: tests/serve/test_canary.py reads them.
 FED_BY_A_CANARY = {"ray_rayline_canary_requests_total", "ray_rayline_canary_ttft_seconds_bucket",
                    "ray_rayline_canary_itl_seconds_sum", "ray_rayline_canary_itl_seconds_count"}
-# The GRPO dashboard's series come from a GRPO run, which the demo does not start (tests/posttrain/ runs GRPO).
-FED_BY_GRPO = {metrics.exported(name) for name in metrics.METRICS if name.startswith("rayline_grpo_")}
 # GPU-seconds grow only where a stage holds a GPU (a Ray counter's series exists once it grew by more than 0).
 FED_ON_A_GPU = {metrics.exported("rayline_stage_gpu_seconds")}
 
@@ -200,10 +238,11 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
         (LORA_APP["app_name"], result.adapter_model, result.adapter_version)]
     rollouts = prometheus_query.wait_for(url, f'sum by (outcome) (ray_rayline_rollouts_total{{model="{cfg.model_name}"}})')
     assert {s["metric"]["outcome"]: float(s["value"][1]) for s in rollouts} == {"deployed": 1.0}
-    # One eval job answered with two engine pools: the base's (its adapter's rows too) and the fine-tuned model's.
+    # One eval job answered with three engine pools: the base's (its adapter's rows too), the fine-tune's and the
+    # post-trained version's.
     evals = prometheus_query.query(url, 'sum by (run, model) (ray_rayline_batch_rows_done_total{mode="eval"})')
     models = {s["metric"]["model"] for s in evals if s["metric"]["run"] == "eval"}
-    assert f"{cfg.model_name}-candidates/{result.candidate_version}" in models, models  # what the trainer registered
+    assert {f"{cfg.model_name}-candidates/{v}" for v in (result.fine_tuned_version, result.post_trained_version)} <= models
     assert any(m.startswith(f"{BASE_MODEL_NAME}/") for m in models), models
     # The training job's CPU-seconds (core/usage.py) as Prometheus got them and as the version carries them.
     train_cpu = prometheus_query.wait_for(url, f'sum(ray_rayline_stage_cpu_seconds_total{{stage="train", '
@@ -227,11 +266,11 @@ def test_prometheus_shows_every_stage_and_every_panel_has_data(demo, local_stack
         return True
 
     empty = [f"{uid} / {title}: {expr}" for uid, title, expr in prometheus.dashboard_queries()
-             if not prometheus.metric_names(expr) <= FED_BY_A_CANARY | FED_BY_GRPO | FED_ON_A_GPU
+             if not prometheus.metric_names(expr) <= FED_BY_A_CANARY | FED_ON_A_GPU
              and not has_data(prometheus.grafana_expr(expr))]
     assert not empty, "panels without data:\n" + "\n".join(empty)
     end = time.time() + 30
-    from pipelines.demo import figure_queries
+    from pipelines.demo_summary import figure_queries
 
     blank = [figure for figure, expr in figure_queries(result).items() if not prometheus_query.query_range(url, expr, start, end)]
     assert not blank, f"the summary's queries without data: {blank}"
