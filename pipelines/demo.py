@@ -2,10 +2,10 @@
 
 stack up -> sample corpus + tiny base model (pretrained beside the data stage) -> prepare data -> small Tune search
 -> train the best configuration -> register -> train a LoRA adapter of the base -> post-train the fine-tune with GRPO
--> one batch eval job: base, adapter, fine-tuned and post-trained side by side -> promote (the post-trained version
-when the eval shows it at least as good as the fine-tune) as the promoter (the MLflow UI's REST calls: the candidate copied into the
-production model, the alias set on the copy) -> rollout to the Serve app -> an OpenAI chat request answered by the
-promoted version -> promote the adapter, serve it beside its base, ask it -> summary.
+-> one batch eval job: base, adapter, fine-tuned and post-trained side by side -> promote as the promoter (the MLflow
+UI's REST calls: the candidate copied into the production model, the alias set on the copy; the post-trained version
+when the eval shows it at least as good as the fine-tune, else the fine-tune) -> rollout to the Serve app -> an OpenAI
+chat request answered by the promoted version -> promote the adapter, serve it beside its base, ask it -> summary.
 
 Each stage acts as its MLflow role (stack/mlflow_auth.py): data, tune and train as the trainer (registering into
 `<model>-candidates`; GRPO too), the eval as the evaluator, promotion as the promoter, the rollout as the rollout identity.
@@ -258,8 +258,8 @@ def main(cfg: DemoConfig) -> DemoResult:
     for key, score in scores.items():
         print(f"    {key}: exact match {score:.3f}")
 
-    # The promoter takes the post-trained version when the eval shows it at least as good as its parent (it is better
-    # on the verifier's reward, which the eval does not see), else the fine-tune.
+    # The promoter takes the post-trained version when the eval shows it at least as good as its parent (it was
+    # trained for the verifier's reward, which the eval does not see), else the fine-tune.
     fine_tuned_version = version
     if scores["post-trained"] >= scores["fine-tuned"]:
         version = grpo_version
