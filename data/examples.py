@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from data.heap import no_cycle_collection
+from core.collector import no_cycle_collection
 from data.mixture import MixturePlan, expand
 from data.near_dedup import NearDupPlan, band_keys
 from data.records import Messages, RecordRules, Reject, content_bytes, parse_record

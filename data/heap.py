@@ -1,5 +1,5 @@
 """How the stage's worker processes use memory: they keep what they free for their next allocation instead of
-handing it back, and their per-record loops run without Python's cycle collector.
+handing it back (their per-record loops run without Python's cycle collector: core/collector.py).
 
 A shard task allocates a few hundred MB of large numpy arrays (token ids, labels, packed rows) and frees them at its
 end. By default glibc maps each large array afresh (mmap) and unmaps it when freed, so the next arrays meet fresh
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import gc
 import sys
-from contextlib import contextmanager
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 _applied = False
@@ -41,16 +39,3 @@ def keep_freed_memory() -> None:
         libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
     except (OSError, AttributeError):  # not glibc (musl has no mallopt): keep the defaults
         pass
-
-
-@contextmanager
-def no_cycle_collection():
-    """Pause Python's cycle collector: the stage's per-record loops allocate a few small lists and tuples per record
-    and make no reference cycles, and the collector's passes over them cost about a fifth of `to_examples`' time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

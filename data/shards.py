@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.examples import EVAL, TRAIN
-from data.heap import keep_freed_memory, no_cycle_collection
+from core.collector import no_cycle_collection
+from data.heap import keep_freed_memory
 from data.near_dedup import first_references
 from data.packing import IGNORE, PackedRows, pack_sequences, pad_sequences
 from data.prepared import COLUMNS, ROW_SCHEMA

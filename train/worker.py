@@ -16,8 +16,13 @@ from pathlib import Path
 from dataclasses import replace
 from typing import Callable
 
-import torch
-import torch.distributed as dist
+from core.collector import heavy_imports, preload
+
+with heavy_imports():  # a worker's start is mostly these imports (core/collector.py)
+    import torch
+    import torch.distributed as dist
+
+    preload("transformers.modeling_utils", "transformers.models.auto.modeling_auto")  # the model's load, later
 
 from core import metrics as metrics_api
 from core import storage

@@ -11,7 +11,12 @@ import socket
 import time
 from typing import Any
 
-import torch
+from core.collector import heavy_imports, preload
+
+with heavy_imports():  # a policy worker's start is mostly these imports (core/collector.py)
+    import torch
+
+    preload("transformers.modeling_utils", "transformers.models.auto.modeling_auto")  # the model's load, later
 
 from posttrain.grpo.loss import grpo_loss
 from train.config import LoraConfig

@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 
+from core.collector import heavy_imports
 from posttrain.grpo.weight_sync import EXTENSION
 from serve.online import engine as eng
 
@@ -38,7 +39,8 @@ class RolloutEngine:
 
     def __init__(self, model_path: str, engine_cfg: eng.EngineConfig):
         eng.apply_engine_core_start()
-        from vllm import LLM
+        with heavy_imports():  # the actor's start is mostly this import (core/collector.py)
+            from vllm import LLM
 
         self.llm = LLM(model=model_path, worker_extension_cls=EXTENSION, **eng.vllm_engine_kwargs(engine_cfg))
         self.tokenizer = self.llm.get_tokenizer()

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
+from core.collector import heavy_imports, preload
+
+with heavy_imports():  # an engine worker's start is mostly these imports (core/collector.py)
+    from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
 
 from serve.online import engine as eng
 from serve.batch.engine_setup import SETUP_LINE, effective_setup
@@ -31,6 +34,7 @@ class EngineStageUDF(vLLMEngineStageUDF):
     """
 
     def __init__(self, *args, validator: dict[str, Any], **kwargs):
+        preload("vllm.v1.engine.async_llm")  # the engine's imports, in the worker only (the driver has no vLLM)
         eng.apply_engine_core_start()
         super().__init__(*args, **kwargs)
         self.validator = PromptValidator(self.model, **validator)

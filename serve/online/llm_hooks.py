@@ -9,11 +9,17 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
-from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard, OpenAIHTTPException
-from ray.serve.llm import LLMServer
-from ray.serve.llm.ingress import OpenAiIngress
+from core.collector import heavy_imports, preload
+
+with heavy_imports():  # a replica's start is mostly these imports (core/collector.py)
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.responses import JSONResponse, Response
+    from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard, OpenAIHTTPException
+    from ray.serve.llm import LLMServer
+    from ray.serve.llm.ingress import OpenAiIngress
+
+    # What LLMServer's start imports later: vLLM's engine and its OpenAI app (served in-process).
+    preload("vllm.v1.engine.async_llm", "vllm.entrypoints.openai.api_server")
 
 from core import metrics
 from serve.online.api_auth import ApiAuth, Gate
