@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from core.collector import heavy_imports
 from core.config import parse_stage_args
 from pipelines.stage_run import losses, model_line, run_stage
 from posttrain.dpo_config import DpoConfig
@@ -16,7 +17,8 @@ from posttrain.dpo_config import DpoConfig
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_stage_args(DpoConfig, __doc__.splitlines()[0], argv)
-    from posttrain.dpo_stage import main as dpo  # heavy (torch, ray): only after the config parsed
+    with heavy_imports():  # torch, ray: only after the config parsed (core/collector.py)
+        from posttrain.dpo_stage import main as dpo
 
     return run_stage("dpo", lambda: dpo(cfg), lambda r: [
         f"run        {r.run_name} (MLflow run {r.mlflow_run_id})",

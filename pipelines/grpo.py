@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from core.collector import heavy_imports
 from core.config import parse_stage_args
 from pipelines.stage_run import model_line, run_stage
 from posttrain.grpo.config import GrpoConfig
@@ -16,7 +17,8 @@ from posttrain.grpo.config import GrpoConfig
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_stage_args(GrpoConfig, __doc__.splitlines()[0], argv)
-    from posttrain.grpo.stage import main as grpo  # heavy (torch, ray, vllm): only after the config parsed
+    with heavy_imports():  # torch, ray, vllm: only after the config parsed (core/collector.py)
+        from posttrain.grpo.stage import main as grpo
 
     return run_stage("grpo", lambda: grpo(cfg), lambda r: [
         f"run        {r.run_name} (MLflow run {r.mlflow_run_id}); {r.steps} updates, {r.prompts_consumed} prompts, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from core.collector import heavy_imports
 from core.config import parse_stage_args
 from pipelines.stage_run import losses, model_line, run_stage
 from train.config import TrainConfig
@@ -17,7 +18,8 @@ from train.config import TrainConfig
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_stage_args(TrainConfig, __doc__.splitlines()[0], argv)
-    from train.trainer import main as train  # heavy (torch, ray): only after the config parsed
+    with heavy_imports():  # torch, ray: only after the config parsed (core/collector.py)
+        from train.trainer import main as train
 
     return run_stage("train", lambda: train(cfg), lambda r: [
         f"run        {r.run_name} (MLflow run {r.mlflow_run_id})",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 
+from core.collector import heavy_imports
 from core.config import parse_stage_args
 from pipelines.stage_run import run_stage
 from posttrain.tune_config import PostTrainTuneConfig
@@ -19,11 +20,11 @@ from posttrain.tune_config import PostTrainTuneConfig
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_stage_args(PostTrainTuneConfig, __doc__.splitlines()[0], argv)
-    # Heavy (torch, ray): only after the config parsed.
-    if cfg.post_train_config:
-        from posttrain.dpo_tune import main as tune
-    else:
-        from train.tune import main as tune
+    with heavy_imports():  # torch, ray: only after the config parsed (core/collector.py)
+        if cfg.post_train_config:
+            from posttrain.dpo_tune import main as tune
+        else:
+            from train.tune import main as tune
 
     def summary(r) -> list[str]:
         lines = [f"search   {r.search_name} (MLflow parent run {r.parent_run_id})",
