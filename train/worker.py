@@ -22,8 +22,6 @@ with heavy_imports():  # a worker's start is mostly these imports (core/collecto
     import torch
     import torch.distributed as dist
 
-    preload("transformers.modeling_utils", "transformers.models.auto.modeling_auto")  # the model's load, later
-
 from core import metrics as metrics_api
 from core import storage
 from core.config import from_dict
@@ -253,6 +251,8 @@ def resize_record(old: int, step: int, run_id: str | None, world: int) -> dict[s
 
 
 def train_fn_per_worker(config: dict) -> None:
+    # The model's code, in the worker only: the driver imports this module too, and needs no transformers.
+    preload("ray.train.torch", "transformers.modeling_utils", "transformers.models.auto.modeling_auto")
     import ray.train
     import ray.train.torch
 

@@ -16,8 +16,6 @@ from core.collector import heavy_imports, preload
 with heavy_imports():  # a policy worker's start is mostly these imports (core/collector.py)
     import torch
 
-    preload("transformers.modeling_utils", "transformers.models.auto.modeling_auto")  # the model's load, later
-
 from posttrain.grpo.loss import grpo_loss
 from train.config import LoraConfig
 
@@ -55,6 +53,8 @@ class PolicyWorker:
 
     def __init__(self, model_dir: str, rank: int, world_size: int, master: str, lr: float, weight_decay: float,
                  clip_eps: float, beta: float, threads: int, seed: int, lora: LoraConfig | None = None):
+        # The model's code, in the actor only: the GRPO driver imports this module too, and needs no transformers.
+        preload("transformers.modeling_utils", "transformers.models.auto.modeling_auto")
         import torch.distributed as dist
 
         from train.fsdp import build_sharded_model, load_model

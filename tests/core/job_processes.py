@@ -30,6 +30,10 @@ class JobProcesses:
         self.driver_pid, self.interval_s = driver_pid, interval_s
         self.job_id: str | None = None
         self.last: dict[int, float] = {}
+        self.error: str | None = None  # the state API's last failure, for a test's message
+        from core.ray_cluster import reload_auth_config
+
+        reload_auth_config()  # the stack's token, even when nothing in this process has joined Ray yet
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -55,8 +59,8 @@ class JobProcesses:
                     for pid in pids - {0, None, self.driver_pid}:
                         if (cpu := _cpu_s(pid)) is not None:
                             self.last[pid] = cpu
-            except Exception:  # the state API timed out under load: the next round reads again
-                pass
+            except Exception as e:  # the state API timed out under load: the next round reads again
+                self.error = f"{type(e).__name__}: {e}"
             self._stop.wait(self.interval_s)
 
     def stop(self) -> float:

@@ -71,7 +71,7 @@ def metered(make_train_config, start_stage):
     workers_cpu_s = outside.stop()
     assert run.returncode == 0 and run.result, str(run)
     result = Result(run.result)
-    result.workers_cpu_s_outside, result.job_seen = workers_cpu_s, outside.job_id
+    result.workers_cpu_s_outside, result.job_seen, result.sampler_error = workers_cpu_s, outside.job_id, outside.error
     return cfg, result
 
 
@@ -133,7 +133,7 @@ def test_a_runs_usage_is_what_its_processes_used_and_its_version_carries_it_with
     stage's too) and their total."""
     cfg, result = metered
     used = result.usage
-    assert result.job_seen, "the sampler never found the run's Ray job"
+    assert result.job_seen, f"the sampler never found the run's Ray job (the state API's last error: {result.sampler_error})"
     workers = used["cpu_s"] - used["driver_cpu_s"]
     print(f"\nusage: workers {workers:.1f} CPU-s reported, {result.workers_cpu_s_outside:.1f} read from outside; "
           f"driver {used['driver_cpu_s']:.1f}; {used['processes']} processes")
