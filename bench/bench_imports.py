@@ -35,7 +35,6 @@ SETS = {
                      "transformers.models.auto.modeling_auto"],
 }
 OURS, PLAIN = "rayline", "plain"
-OWN_MODULES = {"core", "core.collector"}  # what the rayline side imports beyond the set
 MUST_MATCH = ("python", "modules loaded")
 CHILD = """
 import gc, importlib, json, sys, time
@@ -55,7 +54,7 @@ imports = time.process_time() - start
 start = time.process_time()
 gc.collect()
 collect = time.process_time() - start
-own = {"core", "core.collector"}
+own = {"core", "core.collector"}  # what the rayline side imports beyond the set
 print("RESULT " + json.dumps({"imports_cpu_s": imports, "collect_cpu_s": collect, "collector on during imports":
       collector_on, "modules loaded": len(set(sys.modules) - own), "frozen objects": gc.get_freeze_count(),
       "python": sys.version.split()[0], "GC thresholds": list(gc.get_threshold())}))
