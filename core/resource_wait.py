@@ -275,10 +275,12 @@ class ResourceWatch:
     def _watch(self) -> None:
         seen: dict[str, float] = {}
         waiting_since = last_pending = last_report = 0.0
+        last_error = ""
         while not self._stop.wait(self.poll_s):
             try:
                 now = time.monotonic()
                 pending = pending_work(self._job, self.name_prefix, self.address)
+                last_error = ""
                 seen = {k: seen.get(k, now) for k in pending}  # first seen pending, for what is pending still
                 if not seen:
                     if waiting_since and now - last_pending > GAP_S:
@@ -309,4 +311,8 @@ class ResourceWatch:
                     return
                 self.print_fn(report.message())
             except Exception as e:  # noqa: BLE001 -- watching must never break the stage it watches
-                self.print_fn(f"{self.stage}: resource watch: {type(e).__name__}: {e}")
+                error = f"{type(e).__name__}: {e}"
+                if error != last_error:  # once until it changes: a Ray without its dashboard fails every poll alike
+                    self.print_fn(f"{self.stage}: resource watch: {error} (the watch keeps trying; said again "
+                                  "only if it changes)")
+                last_error = error

@@ -34,6 +34,17 @@ def test_add_up_leaves_out_bundle_and_node_markers():
     assert add_up(bundles) == {"CPU": 1.5}
 
 
+def test_a_state_api_that_does_not_answer_is_said_once_and_the_block_runs_on():
+    """A Ray without its dashboard (bench_data's `ray.init(include_dashboard=False)`) fails every poll the same way:
+    one line, not one a poll."""
+    said: list[str] = []
+    with ResourceWatch("prepare_data", name_prefix="rayline-", address="http://127.0.0.1:9", poll_s=0.05,
+                       print_fn=said.append):
+        time.sleep(1.0)
+    assert len(said) == 1, said
+    assert said[0].startswith("prepare_data: resource watch: ") and "said again only if it changes" in said[0]
+
+
 @pytest.fixture()
 def cpus_held_by_serve_app(ray_session):
     with serve_app_holding_cpus(left=0.5) as held:
