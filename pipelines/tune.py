@@ -1,10 +1,10 @@
 """Entry point of the tune stage: `python -m pipelines.tune --config configs/tune/<name>.yaml [key=value ...]`.
 
 Loads `posttrain.tune_config.PostTrainTuneConfig` (which loads and checks the config it starts from: a train
-config, or a DPO config with `post_train_config`), sizes max_concurrent_trials from the cluster (refusing a search
-that cannot fit, with the arithmetic), runs the ASHA search with `train.tune.main` (for a DPO base
-`posttrain.dpo_tune.main`, which scores the preference version once first) and prints each trial and the
-registered best, ending with `result: {...}` (the TuneResult as JSON). Exit status 2 on a config error or a search
+config, or a DPO or GRPO config with `post_train_config`), sizes max_concurrent_trials from the cluster (refusing a
+search that cannot fit, with the arithmetic), runs the ASHA search with `train.tune.main` (for a DPO base
+`posttrain.dpo_tune.main`, which scores the preference version once first; for a GRPO base
+`posttrain.grpo_tune.main`, each trial a GRPO run) and prints each trial and the registered best, ending with `result: {...}` (the TuneResult as JSON). Exit status 2 on a config error or a search
 that cannot fit.
 """
 
@@ -21,7 +21,9 @@ from posttrain.tune_config import PostTrainTuneConfig
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_stage_args(PostTrainTuneConfig, __doc__.splitlines()[0], argv)
     with heavy_imports():  # torch, ray: only after the config parsed (core/collector.py)
-        if cfg.post_train_config:
+        if cfg.post_train_stage() == "grpo":
+            from posttrain.grpo_tune import main as tune
+        elif cfg.post_train_config:
             from posttrain.dpo_tune import main as tune
         else:
             from train.tune import main as tune

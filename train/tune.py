@@ -146,7 +146,9 @@ def run_trial(config: dict, cfg: TuneConfig, recipe: TrialRecipe, parent_run_id:
                       objective=recipe.objective(sampled)).fit()
 
 
-def _summaries(cfg: TuneConfig, results, parent_run_id: str, total_steps: int) -> list[TrialSummary]:
+def trial_summaries(cfg: TuneConfig, results, parent_run_id: str, total_steps: int) -> list[TrialSummary]:
+    """Each trial's figures (its last report) and MLflow child run; a trial ASHA stopped gets its run closed KILLED
+    with the step it stopped at. A trial is finished when it reported `export_uri` at `total_steps`."""
     client = registry.client()
     exp = client.get_experiment_by_name(cfg.experiment)
     children = client.search_runs([exp.experiment_id], f"tags.`{TAG_TUNE_PARENT}` = '{parent_run_id}'") if exp else []
@@ -171,6 +173,20 @@ def _summaries(cfg: TuneConfig, results, parent_run_id: str, total_steps: int) -
             client.set_tag(run.info.run_id, "rayline.tune_stopped_at_step", str(step))
             client.set_terminated(run.info.run_id, "KILLED")
     return out
+
+
+def best_trial(cfg: TuneConfig, trials: list[TrialSummary], parent_run_id: str) -> TrialSummary:
+    """The finished trial with the best metric, recorded on the search's run; RuntimeError when none finished."""
+    finished = [t for t in trials if t.finished and t.metric is not None and t.metric == t.metric]
+    if not finished:
+        raise RuntimeError(f"search {cfg.search_name}: no trial finished (see MLflow parent run {parent_run_id})")
+    sign = 1 if cfg.mode == "min" else -1
+    best = min(finished, key=lambda t: sign * t.metric)
+    client = registry.client()
+    client.log_metric(parent_run_id, f"best_{cfg.metric}", best.metric)
+    client.set_tag(parent_run_id, "rayline.best_trial", best.trial_id)
+    client.set_tag(parent_run_id, "rayline.best_run_id", best.mlflow_run_id or "")
+    return best
 
 
 def main(cfg: TuneConfig, recipe: TrialRecipe | None = None) -> TuneResult:
@@ -227,15 +243,8 @@ def main(cfg: TuneConfig, recipe: TrialRecipe | None = None) -> TuneResult:
         with ResourceWatch("tune", max_wait_s=cfg.max_wait_s):
             grid = tuner.fit()
         result = TuneResult(cfg.search_name, parent_id, concurrent, arithmetic, lineage=recipe.lineage_tags())
-        result.trials = _summaries(cfg, list(grid), parent_id, plan.total_steps)
-        finished = [t for t in result.trials if t.finished and t.metric is not None]
-        if not finished:
-            raise RuntimeError(f"search {cfg.search_name}: no trial finished (see MLflow parent run {parent_id})")
-        sign = 1 if cfg.mode == "min" else -1
-        result.best = min(finished, key=lambda t: sign * t.metric)
-        client.log_metric(parent_id, f"best_{cfg.metric}", result.best.metric)
-        client.set_tag(parent_id, "rayline.best_trial", result.best.trial_id)
-        client.set_tag(parent_id, "rayline.best_run_id", result.best.mlflow_run_id or "")
+        result.trials = trial_summaries(cfg, list(grid), parent_id, plan.total_steps)
+        result.best = best_trial(cfg, result.trials, parent_id)
 
         best_cfg = recipe.train_config(result.best.sampled, result.best.run_name,
                                        storage.join(base.checkpoint.storage_path, cfg.search_name), cfg.experiment,

@@ -123,18 +123,7 @@ class TuneConfig:
                 f"{self.metric} is better {'lower' if metrics[self.metric] == 'min' else 'higher'}: "
                 f"set mode: {metrics[self.metric]}")
         base = self.base_config()
-        t = base.train
-        train_cfg = self.base_train_config()
-        if train_cfg.scaling.elastic:
-            require(False, self.overrides_field(),
-                    f"scaling.num_workers {list(train_cfg.scaling.num_workers)} is an elastic size; a search's trials "
-                    f"share the cluster at a fixed size each, so give one number")
-        # ASHA compares trials at every report (each checkpoint); a stale eval metric would compare nothing.
-        fresh = t.eval_every_steps > 0 and t.checkpoint_every_steps in (0, t.eval_every_steps)
-        require(not self.metric.startswith("eval_") or fresh,
-                self.overrides_field(), f"{self.metric} is compared at every checkpoint, so the trial's "
-                f"train.eval_every_steps ({t.eval_every_steps}) must be set and train.checkpoint_every_steps "
-                f"({t.checkpoint_every_steps}) must be 0 or equal to it")
+        self.check_base(base)
         plain = to_dict(base)
         for key, dist in self.space.items():
             for fixed, why in self.fixed_fields().items():
@@ -153,6 +142,22 @@ class TuneConfig:
     def check_base_fields(self) -> None:
         """Which base the search starts from: here a train config, named."""
         require(bool(self.train_config), "train_config", "name the train YAML every trial starts from")
+
+    def check_base(self, base) -> None:
+        """What a search needs of its base beyond the base's own validation: here a train config's (or a DPO
+        config's) scaling and the freshness of the metric ASHA compares."""
+        t = base.train
+        train_cfg = self.base_train_config()
+        if train_cfg.scaling.elastic:
+            require(False, self.overrides_field(),
+                    f"scaling.num_workers {list(train_cfg.scaling.num_workers)} is an elastic size; a search's trials "
+                    f"share the cluster at a fixed size each, so give one number")
+        # ASHA compares trials at every report (each checkpoint); a stale eval metric would compare nothing.
+        fresh = t.eval_every_steps > 0 and t.checkpoint_every_steps in (0, t.eval_every_steps)
+        require(not self.metric.startswith("eval_") or fresh,
+                self.overrides_field(), f"{self.metric} is compared at every checkpoint, so the trial's "
+                f"train.eval_every_steps ({t.eval_every_steps}) must be set and train.checkpoint_every_steps "
+                f"({t.checkpoint_every_steps}) must be 0 or equal to it")
 
     def metrics(self) -> dict[str, str]:
         """Metrics every trial reports at each checkpoint -> their better direction."""

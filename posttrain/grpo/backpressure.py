@@ -15,7 +15,9 @@ class BoundedScorer:
 
     def __init__(self, reward: str, max_in_flight: int, delay_s: float = 0.0):
         self.reward, self.max_in_flight, self.delay_s = reward, max_in_flight, delay_s
-        self.task = ray.remote(num_cpus=0.1)(score)
+        # DEFAULT: never inside a placement group the caller runs in (a Tune trial's 0.01-CPU bundle,
+        # posttrain/grpo_tune.py), whose CPU a reward task would not fit.
+        self.task = ray.remote(num_cpus=0.1, scheduling_strategy="DEFAULT")(score)
         self.pending: list[ray.ObjectRef] = []
         self.order: list[ray.ObjectRef] = []
         self.waited_s = 0.0

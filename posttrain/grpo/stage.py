@@ -44,7 +44,11 @@ def export(weights: dict, base_dir: str, out: Path, info: dict) -> Path:
     return write_hf_checkpoint(state, base_dir, out, torch.float32, info)
 
 
-def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
+def main(cfg: GrpoConfig, before_update=None, after_update=None, parent_run_id: str | None = None,
+         extra_tags: dict[str, str] | None = None) -> GrpoResult:
+    """Run the stage. `after_update(StepMetrics)` is called after each update beside the stage's own logging;
+    `parent_run_id` and `extra_tags` make the run a child run (a search's trial, posttrain/grpo_tune.py), whose
+    usage its search records for the whole job (so the trial's run carries none)."""
     from transformers import AutoTokenizer
 
     from core import registry, usage
@@ -66,9 +70,9 @@ def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
     run_name = cfg.run_name or f"grpo-{int(started)}"
     output = Path(cfg.output_uri).resolve() / run_name
     init_ray()
-    meter = usage.StageUsage.start()
-    tags = tracking.run_tags(cfg, parent, dataset_version)
-    run_ctx = (registry.start_run(cfg.mlflow_experiment, run_name, tags=tags, resume=True)
+    meter = None if parent_run_id else usage.StageUsage.start()
+    tags = {**tracking.run_tags(cfg, parent, dataset_version), **(extra_tags or {})}
+    run_ctx = (registry.start_run(cfg.mlflow_experiment, run_name, tags=tags, resume=True, parent_run_id=parent_run_id)
                if cfg.mlflow_experiment else contextlib.nullcontext())
     with run_ctx as run:
         run_id = run.info.run_id if run else None
@@ -81,6 +85,8 @@ def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
                   f"lag {m.policy_lag}, prompts {m.prompts_consumed}, {m.step_s:.1f}s", flush=True)
             if log:
                 log(m)
+            if after_update:
+                after_update(m)
         if run_id:
             tracking.log_params(run_id, cfg)
         res = loop.run(cfg, model_dir, prompts, output, on_step, eval_prompts, before_update)
@@ -100,7 +106,8 @@ def main(cfg: GrpoConfig, before_update=None) -> GrpoResult:
                 result.model_name = cfg.register_as
                 result.model_version = tracking.register(cfg.register_as, str(export_dir), run_id, tags, res.steps)
         registered = (result.model_name, result.model_version) if result.model_version else None
-        result.usage = record_usage("grpo", meter, run_id, registered, None, parent=parent)
+        if meter:
+            result.usage = record_usage("grpo", meter, run_id, registered, None, parent=parent)
     result.seconds = round(time.time() - started, 1)
     (output / "result.json").write_text(json.dumps(asdict(result), indent=2))
     return result

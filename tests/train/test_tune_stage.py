@@ -75,7 +75,7 @@ def test_trials_asha_stopped_close_killed_and_failed_trials_stay_failed(ray_sess
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import BasicVariantGenerator
 
-    from train.tune import TAG_TUNE_PARENT, TAG_TUNE_TRIAL, _summaries
+    from train.tune import TAG_TUNE_PARENT, TAG_TUNE_TRIAL, trial_summaries
 
     cfg = load_config(TuneConfig, ROOT / "configs/tune/tiny.yaml",
                       [f"search_name=search-{uuid.uuid4().hex[:6]}", "experiment=rayline-test-tune"])
@@ -141,7 +141,7 @@ def test_trials_asha_stopped_close_killed_and_failed_trials_stay_failed(ray_sess
     assert before == {"finishes": "FINISHED", "stopped": "RUNNING", "stopped-after-closing-failed": "FAILED",
                       "raises": "FAILED"}
 
-    summaries = {s.trial_id: s for s in _summaries(cfg, list(results.values()), parent, total_steps=6)}
+    summaries = {s.trial_id: s for s in trial_summaries(cfg, list(results.values()), parent, total_steps=6)}
     after = child_runs()
     assert {e: r.info.status for e, r in after.items()} == {
         "finishes": "FINISHED", "stopped": "KILLED", "stopped-after-closing-failed": "KILLED", "raises": "FAILED"}
