@@ -63,6 +63,12 @@ def _engine_shape(engine, replicas: int, profile: Profile, min_replicas: int | N
 
 def workload_shape(stage: str, cfg, profile: Profile) -> Shape:
     """The worker pods a stage needs, read from its own config."""
+    if stage == "tune" and cfg.post_train_stage() == "grpo":
+        # Each trial is a GRPO run: the GRPO stage's shape, once per trial running at once.
+        one = workload_shape("grpo", cfg.base_config(), profile)
+        trials = max(1, cfg.max_concurrent_trials)
+        return dataclasses.replace(one, workers=one.workers * trials,
+                       min_workers=None if one.min_workers is None else one.min_workers * trials)
     if stage in ("train", "tune", "dpo"):  # DPO trains on the train stage's workers (posttrain/dpo_stage.py)
         train = cfg.base_train_config() if stage == "tune" else cfg
         sc = train.scaling

@@ -19,3 +19,19 @@ def test_grpo_renders_as_a_valid_rayjob_acting_as_the_trainer():
     assert head["rayline.io/role"] == "trainer"
     separate = render.render("grpo", config, profile, ["placement=separate", "num_engines=2"])
     assert sum(g["replicas"] for g in separate["spec"]["rayClusterSpec"]["workerGroupSpecs"]) == 3
+
+
+def test_a_search_over_grpo_renders_a_worker_per_role_and_trial():
+    """A tune search over a GRPO config gets the GRPO stage's worker group once per trial running at once."""
+    profile = render.load_profile(None)
+    config = str(ROOT / "configs" / "tune" / "grpo_tiny.yaml")
+    doc = render.render("tune", config, profile)
+    assert doc["spec"]["entrypoint"] == "python -m pipelines.tune --config configs/tune/grpo_tiny.yaml"
+    assert validate_manifest(doc, profile=profile) == []
+
+    def workers(overrides: list[str]) -> int:
+        spec = render.render("tune", config, profile, overrides)["spec"]["rayClusterSpec"]
+        return sum(g["replicas"] for g in spec["workerGroupSpecs"])
+    assert workers([]) == 1  # colocated roles, trials one at a time (max_concurrent_trials 0)
+    assert workers(["max_concurrent_trials=2"]) == 2
+    assert workers(["max_concurrent_trials=2", "post_train_overrides=[placement=separate]"]) == 4
