@@ -47,7 +47,7 @@ COMMANDS = {
                      "stack.config:StackConfig"),
     "data": _stage("data", "main", "data stage: corpus -> cleaned, tokenized, packed shards and a manifest"),
     "train": _stage("train", "main", "train stage: FSDP2 training on Ray Train, checkpoints, export, registration"),
-    "tune": _stage("tune", "main", "tune stage: ASHA search over train or DPO config fields, the best registered"),
+    "tune": _stage("tune", "main", "tune stage: ASHA search over train, DPO or GRPO config fields, the best registered"),
     "post-train dpo": _stage("dpo", "main", "DPO: preference pairs -> reference log-probs once -> DPO on FSDP2"),
     "post-train grpo": _stage("grpo", "main", "GRPO: vLLM rollouts, verifier rewards, FSDP2 policy, weights synced in place"),
     "batch": _stage("batch_infer", "cli", "batch inference and evaluation on Ray Data + vLLM"),
