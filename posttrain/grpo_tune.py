@@ -39,7 +39,7 @@ from train.tune import (
 from train.tune_config import TRIAL_SAFE, with_values
 
 LINEAGE = (registry.TAG_BASE_MODEL, grpo_tracking.TAG_PARENT_VERSION, registry.TAG_DATASET_VERSION,
-           registry.TAG_CONFIG_HASH)
+           registry.TAG_CONFIG_HASH, grpo_tracking.TAG_REWARD_MODEL)
 """The trial run's tags its registered version carries (posttrain/grpo/tracking.py run_tags)."""
 
 

@@ -93,9 +93,17 @@ def workload_shape(stage: str, cfg, profile: Profile) -> Shape:
     if stage == "data":
         return Shape(workers=2)
     if stage == "grpo":
-        # Colocated roles take turns in one worker (its engines' shape on GPU); separate ones get a worker each.
+        # Colocated roles take turns in one worker (its engines' shape on GPU); separate ones get a worker each. A
+        # reward model's engines (reward.name: model) are actors of their own: a worker each, beside the roles'.
         roles = cfg.num_engines + cfg.policy.num_workers if cfg.placement == "separate" else 1
-        return _engine_shape(cfg.engine, roles, profile) if cfg.engine.accelerator == "gpu" else Shape(workers=roles)
+        rewards = cfg.reward.num_engines if cfg.reward.name == "model" else 0
+        if cfg.engine.accelerator != "gpu":
+            return Shape(workers=roles + rewards)
+        shape = _engine_shape(cfg.engine, roles, profile)
+        if rewards and cfg.reward.engine.accelerator == "gpu":
+            extra = _engine_shape(cfg.reward.engine, rewards, profile)
+            shape = dataclasses.replace(shape, workers=shape.workers + extra.workers)
+        return shape
     return Shape(workers=0)  # rollout: HTTP and MLflow calls only; the driver runs on the head.
 
 

@@ -106,6 +106,26 @@ def build_tiny_model(out: str | Path, size: str = "tiny", seed: int = 0) -> Path
     return out
 
 
+def build_reward_model(base_dir: str | Path, out: str | Path, seed: int = 0, std: float = 0.5) -> Path:
+    """A reward model from the causal LM at `base_dir`: the same body with a one-label classification head
+    (`LlamaForSequenceClassification`, `num_labels: 1`), the head random (normal, `std`, from `seed`), written with
+    the base's tokenizer to `out`. Untrained: for tests and benchmarks of the reward-model path (its scores are what
+    transformers computes, not a judgement of the answers)."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForSequenceClassification
+
+    config = AutoConfig.from_pretrained(base_dir)
+    config.num_labels, config.architectures = 1, ["LlamaForSequenceClassification"]
+    model = LlamaForSequenceClassification.from_pretrained(base_dir, config=config)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        torch.nn.init.normal_(model.score.weight, std=std)
+    out = Path(out)
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out)
+    return out
+
+
 def build_adapter(base_dir: str | Path, out: str | Path, seed: int | None = None, rank: int = 4,
                   targets: tuple[str, ...] = ("q_proj", "v_proj")) -> Path:
     """A PEFT LoRA adapter of the model at `base_dir`, written by peft to `out`: peft's own initialisation (lora_B

@@ -23,13 +23,14 @@ class BoundedScorer:
         self.waited_s = 0.0
         self.peak_in_flight = 0
 
-    def submit(self, items: list[tuple[str, bool, str]]) -> None:
-        """Queue one chunk of (text, finished, reference); blocks while `max_in_flight` chunks are pending."""
+    def submit(self, items: list[tuple[str, bool, str]], pool=None) -> None:
+        """Queue one chunk of (text, finished, reference) for the verifier, or with `pool` (a RewardPool) one chunk of
+        texts for the reward model; blocks while `max_in_flight` chunks are pending."""
         while len(self.pending) >= self.max_in_flight:
             start = time.perf_counter()
             _, self.pending = ray.wait(self.pending, num_returns=1)
             self.waited_s += time.perf_counter() - start
-        ref = self.task.remote(self.reward, items, self.delay_s)
+        ref = pool.score(items) if pool is not None else self.task.remote(self.reward, items, self.delay_s)
         self.pending.append(ref)
         self.order.append(ref)
         self.peak_in_flight = max(self.peak_in_flight, len(self.pending))

@@ -22,10 +22,23 @@ class PromptsConfig:
     """Use the first `limit` records (0 = all)."""
 
 
+MODEL_REWARD = "model"
+"""`reward.name` that scores with a reward model served by an engine pool instead of a verifier."""
+
+
 @dataclass
 class RewardConfig:
     name: str = "exact_answer"
-    """A verifier in posttrain/grpo/rewards.py REWARDS."""
+    """A verifier in posttrain/grpo/rewards.py REWARDS, or `model`: the score of `model` served by an engine pool."""
+    model: str = ""
+    """`name: model`: the reward model (`models:/name@alias`, `models:/name/N` or a checkpoint directory), a
+    `*ForSequenceClassification` checkpoint with one label; a completion's reward is its score of the rendered prompt
+    followed by the completion (posttrain/grpo/reward_pool.py)."""
+    num_engines: int = 1
+    """`name: model`: engines serving the reward model (each a Ray actor with `engine.cpus_per_engine` CPUs of its own,
+    outside the roles' placement group)."""
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(model="reward", cpus_per_engine=0.2))
+    """`name: model`: the reward engines' settings (`engine.model` is ignored: they load `reward.model`)."""
     max_in_flight: int = 4
     """Reward tasks pending at once; generation waits for one to finish beyond that (backpressure)."""
     chunk: int = 8
@@ -105,5 +118,13 @@ class GrpoConfig:
         require(self.reward.max_in_flight >= 1, "reward.max_in_flight", f"must be at least 1, got {self.reward.max_in_flight}")
         from posttrain.grpo.rewards import REWARDS
 
-        require(self.reward.name in REWARDS, "reward.name",
-                f"{self.reward.name!r} is not a known reward (known: {', '.join(sorted(REWARDS))})")
+        require(self.reward.name in REWARDS or self.reward.name == MODEL_REWARD, "reward.name",
+                f"{self.reward.name!r} is not a known reward (known: {', '.join(sorted(REWARDS))}, or "
+                f"{MODEL_REWARD} with reward.model)")
+        if self.reward.name == MODEL_REWARD:
+            require(bool(self.reward.model.strip()), "reward.model",
+                    "name the reward model (models:/name@alias, models:/name/N or a checkpoint directory)")
+            require(self.reward.num_engines >= 1, "reward.num_engines", f"must be at least 1, got {self.reward.num_engines}")
+        else:
+            require(not self.reward.model, "reward.model",
+                    f"is set but reward.name is {self.reward.name!r}: set reward.name: {MODEL_REWARD} to score with it")

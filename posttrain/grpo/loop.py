@@ -31,6 +31,7 @@ from posttrain.grpo.ledger import Ledger, check_history
 from posttrain.grpo.placement import role_placements
 from posttrain.grpo.policy import policy_group
 from posttrain.grpo.prompts import Prompt, take
+from posttrain.grpo.reward_pool import RewardPool
 from posttrain.grpo.rollout_pool import RolloutPool, Sample
 from serve.batch.metrics import exact_match
 
@@ -80,12 +81,13 @@ def latest_checkpoint(output: Path) -> tuple[Path, dict] | None:
 class Roles:
     """The live actors: rollout pool and policy ranks, in their placement group; `restart()` replaces them all."""
 
-    def __init__(self, cfg: GrpoConfig, model_dir: str):
+    def __init__(self, cfg: GrpoConfig, model_dir: str, reward_dir: str = ""):
         self.cfg, self.model_dir = cfg, model_dir
         self.pg, engine_opts, policy_opts = role_placements(
             cfg.placement, cfg.engine.cpus_per_engine, cfg.num_engines, cfg.policy.cpus_per_worker,
             cfg.policy.num_workers)
         self.pool = RolloutPool(model_dir, cfg.engine, cfg.num_engines, engine_opts)
+        self.rewards = RewardPool(reward_dir, cfg.reward.engine, cfg.reward.num_engines) if reward_dir else None
         self.policy_opts = policy_opts
         self.policy = self._policy()
         self.ready()
@@ -93,7 +95,7 @@ class Roles:
     def ready(self) -> None:
         """Wait until every engine and policy rank is up (their engines started, weights loaded, process group
         joined): the start-up stays out of the first step's time."""
-        ray.get([a.pid.remote() for a in self.pool.actors + self.policy])
+        ray.get([a.pid.remote() for a in self.pool.actors + self.policy + (self.rewards.actors if self.rewards else [])])
 
     def _policy(self) -> list:
         p = self.cfg.policy
@@ -104,6 +106,8 @@ class Roles:
         for worker in self.policy:
             ray.kill(worker, no_restart=True)
         self.pool.restart()
+        if self.rewards:
+            self.rewards.restart()
         self.policy = self._policy()
         self.ready()
 
@@ -121,13 +125,22 @@ class Roles:
 
         for actor in self.policy + self.pool.actors:
             ray.kill(actor, no_restart=True)
+        if self.rewards:
+            self.rewards.shutdown()
         remove_placement_group(self.pg)
 
 
-def score_batch(cfg: GrpoConfig, scorer: BoundedScorer, samples: list[Sample], prompts: dict[int, Prompt]) -> list[float]:
+def score_batch(cfg: GrpoConfig, scorer: BoundedScorer, samples: list[Sample], prompts: dict[int, Prompt],
+                rewards: RewardPool | None = None) -> list[float]:
+    """Each sample's reward, in order: the verifier's, or with `rewards` the reward model's score of the rendered
+    prompt followed by the completion."""
     chunk = cfg.reward.chunk * cfg.group_size
     for i in range(0, len(samples), chunk):
-        scorer.submit([(s.text, s.finished, prompts[s.prompt_index].reference) for s in samples[i:i + chunk]])
+        part = samples[i:i + chunk]
+        if rewards is not None:
+            scorer.submit([prompts[s.prompt_index].text + s.text for s in part], rewards)
+        else:
+            scorer.submit([(s.text, s.finished, prompts[s.prompt_index].reference) for s in part])
     return scorer.results()
 
 
@@ -141,16 +154,17 @@ def evaluate(pool: RolloutPool, prompts: list[Prompt], max_tokens: int) -> float
 
 def run(cfg: GrpoConfig, model_dir: str, prompts: list[Prompt], output: Path,
         on_step: Callable[[StepMetrics], None] = lambda m: None, eval_prompts: list[Prompt] | None = None,
-        before_update: Callable[[int, Roles, Path], None] | None = None) -> LoopResult:
+        before_update: Callable[[int, Roles, Path], None] | None = None, reward_dir: str = "") -> LoopResult:
     """Run (or resume, from the newest checkpoint under `output`) GRPO for `cfg.steps` updates; returns the history,
     exact match on `eval_prompts` before the first update of this call and after the last, and the final weights
     (HF names -> numpy) for export. `before_update(update, roles, output)`, when given, runs before each update's
-    samples are collected (the tests' fault injector, tests/posttrain/grpo_faults.py)."""
+    samples are collected (the tests' fault injector, tests/posttrain/grpo_faults.py). `reward_dir`: the reward
+    model's checkpoint (`reward.name: model`), served by engines the roles hold."""
     output.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(output / "ledger.jsonl")
     scorer = BoundedScorer(cfg.reward.name, cfg.reward.max_in_flight, cfg.reward.delay_s)
     started_up = time.perf_counter()
-    roles = Roles(cfg, model_dir)
+    roles = Roles(cfg, model_dir, reward_dir)
     result = LoopResult(steps=0, prompts_consumed=0, restarts=0, startup_s=time.perf_counter() - started_up)
     P, G = cfg.prompts_per_step, cfg.group_size
     if (P * G) % cfg.policy.num_workers:
@@ -181,7 +195,7 @@ def run(cfg: GrpoConfig, model_dir: str, prompts: list[Prompt], output: Path,
                 lag = step - policy_steps[0]
                 if len(policy_steps) != 1 or not 0 <= lag <= cfg.max_staleness:
                     raise RuntimeError(f"batch for update {step + 1} holds samples of policy steps {policy_steps}")
-                rewards = torch.tensor(score_batch(cfg, scorer, samples, {p.index: p for p in batch}))
+                rewards = torch.tensor(score_batch(cfg, scorer, samples, {p.index: p for p in batch}, roles.rewards))
                 adv = group_advantages(rewards, G).tolist()
                 rows = [(s.prompt_ids, s.completion_ids) for s in samples]
                 W = len(roles.policy)

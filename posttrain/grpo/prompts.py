@@ -15,6 +15,8 @@ class Prompt:
     record_id: str
     ids: list[int]
     reference: str
+    text: str = ""
+    """The rendered prompt (the chat template's text of `ids`): what a reward model reads before the completion."""
 
 
 def load_prompts(uri: str, tokenizer, tasks: list[str] | None = None, limit: int = 0) -> list[Prompt]:
@@ -39,7 +41,8 @@ def load_prompts(uri: str, tokenizer, tasks: list[str] | None = None, limit: int
             continue
         ids = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        out.append(Prompt(len(out), str(record.get("id", n)), ids, reference))
+        text = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
+        out.append(Prompt(len(out), str(record.get("id", n)), ids, reference, text))
         if limit and len(out) >= limit:
             break
     if not out:
@@ -57,5 +60,5 @@ def file_digest(uri: str) -> str:
 def take(prompts: list[Prompt], cursor: int, n: int) -> list[Prompt]:
     """The `n` prompts from stream position `cursor` (the stream wraps into the next pass over the file);
     each carries its stream position, so a prompt read in a second pass is a new consumption."""
-    return [Prompt(cursor + i, p.record_id, p.ids, p.reference)
+    return [Prompt(cursor + i, p.record_id, p.ids, p.reference, p.text)
             for i, p in ((i, prompts[(cursor + i) % len(prompts)]) for i in range(n))]

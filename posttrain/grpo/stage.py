@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.usage import Usage
-from posttrain.grpo.config import GrpoConfig
+from posttrain.grpo.config import MODEL_REWARD, GrpoConfig
 
 
 @dataclass
@@ -63,6 +63,11 @@ def main(cfg: GrpoConfig, before_update=None, after_update=None, parent_run_id: 
     # How lineage names the start: `models:/NAME/VERSION` (an alias resolved), as train and DPO name theirs, so the
     # batch eval compares the version with it when one job scores both; else its path.
     parent = f"models:/{info.label}" if info.name and info.version else info.label
+    reward_dir = reward_model = ""
+    if cfg.reward.name == MODEL_REWARD:  # the reward model is resolved (and its bytes checked) as the policy's start is
+        reward_dir, reward_info = resolve_model(cfg.reward.model)
+        reward_model = (f"models:/{reward_info.label}" if reward_info.name and reward_info.version
+                        else reward_info.label)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = load_prompts(cfg.prompts.uri, tokenizer, cfg.prompts.tasks, cfg.prompts.limit)
     eval_prompts = load_prompts(cfg.eval_uri, tokenizer, limit=cfg.eval_limit) if cfg.eval_uri else None
@@ -71,7 +76,7 @@ def main(cfg: GrpoConfig, before_update=None, after_update=None, parent_run_id: 
     output = Path(cfg.output_uri).resolve() / run_name
     init_ray()
     meter = None if parent_run_id else usage.StageUsage.start()
-    tags = {**tracking.run_tags(cfg, parent, dataset_version), **(extra_tags or {})}
+    tags = {**tracking.run_tags(cfg, parent, dataset_version, reward_model), **(extra_tags or {})}
     run_ctx = (registry.start_run(cfg.mlflow_experiment, run_name, tags=tags, resume=True, parent_run_id=parent_run_id)
                if cfg.mlflow_experiment else contextlib.nullcontext())
     with run_ctx as run:
@@ -89,7 +94,7 @@ def main(cfg: GrpoConfig, before_update=None, after_update=None, parent_run_id: 
                 after_update(m)
         if run_id:
             tracking.log_params(run_id, cfg)
-        res = loop.run(cfg, model_dir, prompts, output, on_step, eval_prompts, before_update)
+        res = loop.run(cfg, model_dir, prompts, output, on_step, eval_prompts, before_update, reward_dir)
         export_dir = export(res.final_weights, model_dir, output / "export",
                             {"stage": "grpo", "parent": parent, "steps": res.steps, "dataset_version": dataset_version})
         result = GrpoResult(run_name, res.steps, res.prompts_consumed, res.restarts,

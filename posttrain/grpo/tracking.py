@@ -13,6 +13,7 @@ from posttrain.grpo.loop import StepMetrics
 
 STAGE = "grpo"
 TAG_PARENT_VERSION = "rayline.parent_version"
+TAG_REWARD_MODEL = "rayline.reward_model"
 """The model version GRPO started from (`name/N`), on the run and the registered version."""
 PROMETHEUS = {"reward_mean": "rayline_grpo_reward_mean", "reward_std": "rayline_grpo_reward_std",
               "kl": "rayline_grpo_kl", "rollout_tokens_per_s": "rayline_grpo_rollout_tokens_per_second",
@@ -20,11 +21,13 @@ PROMETHEUS = {"reward_mean": "rayline_grpo_reward_mean", "reward_std": "rayline_
               "prompts_consumed": "rayline_grpo_prompts_consumed", "step": "rayline_grpo_step"}
 
 
-def run_tags(cfg: GrpoConfig, parent: str, dataset_version: str) -> dict[str, str]:
-    """Lineage shared by the run and the registered version."""
+def run_tags(cfg: GrpoConfig, parent: str, dataset_version: str, reward_model: str = "") -> dict[str, str]:
+    """Lineage shared by the run and the registered version (`reward_model`: the reward model that scored the samples,
+    `models:/NAME/VERSION` or a path; "" with a verifier, whose name is the config's)."""
     return registry.lineage_tags(STAGE, **{
         registry.TAG_BASE_MODEL: parent, TAG_PARENT_VERSION: parent,
-        registry.TAG_DATASET_VERSION: dataset_version, registry.TAG_CONFIG_HASH: config_hash(cfg)})
+        registry.TAG_DATASET_VERSION: dataset_version, registry.TAG_CONFIG_HASH: config_hash(cfg),
+        TAG_REWARD_MODEL: reward_model or None})
 
 
 def log_params(run_id: str, cfg: GrpoConfig) -> None:

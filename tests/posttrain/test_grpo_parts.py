@@ -108,6 +108,13 @@ def test_config_errors_name_the_field(tmp_path):
         load_config(GrpoConfig, path)
     with pytest.raises(ConfigError, match="reward.name: 'exact' is not a known reward"):
         load_config(GrpoConfig, path, ["group_size=4", "reward.name=exact"])
+    with pytest.raises(ConfigError, match=r"reward\.model: name the reward model"):
+        load_config(GrpoConfig, path, ["group_size=4", "reward.name=model"])
+    with pytest.raises(ConfigError, match=r"reward\.model: is set but reward\.name is 'exact_answer': set reward\.name: "
+                                          r"model to score with it"):
+        load_config(GrpoConfig, path, ["group_size=4", "reward.model=models:/rm@champion"])
+    with pytest.raises(ConfigError, match=r"reward\.num_engines: must be at least 1, got 0"):
+        load_config(GrpoConfig, path, ["group_size=4", "reward.name=model", "reward.model=rm", "reward.num_engines=0"])
     assert load_config(GrpoConfig, "configs/post_train/grpo_tiny.yaml").group_size == 8
 
 

@@ -19,6 +19,11 @@ def test_grpo_renders_as_a_valid_rayjob_acting_as_the_trainer():
     assert head["rayline.io/role"] == "trainer"
     separate = render.render("grpo", config, profile, ["placement=separate", "num_engines=2"])
     assert sum(g["replicas"] for g in separate["spec"]["rayClusterSpec"]["workerGroupSpecs"]) == 3
+    # A reward model's engines get a worker each beside the roles'.
+    scored = render.render("grpo", config, profile, ["reward.name=model", "reward.model=models:/rm@champion",
+                                                     "reward.num_engines=2"])
+    assert validate_manifest(scored, profile=profile) == []
+    assert sum(g["replicas"] for g in scored["spec"]["rayClusterSpec"]["workerGroupSpecs"]) == 3
 
 
 def test_a_search_over_grpo_renders_a_worker_per_role_and_trial():
