@@ -14,7 +14,7 @@ from posttrain.grpo.config import GrpoConfig
 from posttrain.grpo.reward_pool import check_reward_model
 from posttrain.grpo.tracking import TAG_REWARD_MODEL
 from stack.tiny_model import build_reward_model
-from stack.warm_policy import warm_policy, write_prompts
+from stack.warm_policy import write_prompts
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/post_train/grpo_tiny.yaml"
@@ -22,10 +22,9 @@ REWARD_ENGINE = ["reward.name=model"]  # the shipped config's reward engine: 0.3
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("grpo-rm")
-    policy = warm_policy(tmp / "warm")
-    return policy, build_reward_model(tmp / "warm" / "base", tmp / "reward", seed=3)
+def models(warm_policy_dir, tmp_path_factory):
+    reward = build_reward_model(warm_policy_dir.parent / "base", tmp_path_factory.mktemp("grpo-rm") / "reward", seed=3)
+    return warm_policy_dir, reward
 
 
 def test_a_causal_lm_is_refused_as_a_reward_model_naming_what_it_is(models):

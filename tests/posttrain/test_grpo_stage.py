@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from stack.warm_policy import warm_policy, write_prompts
+from stack.warm_policy import write_prompts
 from tests.posttrain.grpo_faults import kill_roles_before
 from core import registry
 from core.config import load_config
@@ -21,8 +21,8 @@ CONFIG = "configs/post_train/grpo_tiny.yaml"
 
 
 @pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory):
-    return warm_policy(tmp_path_factory.mktemp("grpo-warm"))
+def policy_dir(warm_policy_dir):
+    return warm_policy_dir
 
 
 def test_after_a_sync_the_engine_scores_the_next_token_as_the_trainer_does(ray_session, policy_dir):

@@ -18,7 +18,7 @@ import yaml
 from core import registry
 from posttrain.grpo.tracking import TAG_PARENT_VERSION
 from stack import mlflow_auth
-from stack.warm_policy import warm_policy, write_prompts
+from stack.warm_policy import write_prompts
 from tests.posttrain.test_dpo_stage import _run
 from train.tune import TAG_TUNE_METRIC, TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
 
@@ -28,9 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def search(local_stack, tmp_path_factory):
+def search(local_stack, warm_policy_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grpo-tune")
-    policy = warm_policy(tmp / "warm")
+    policy = warm_policy_dir
     production = f"rayline-test-grpo-tune-{uuid.uuid4().hex[:6]}"
     mlflow_auth.provision(registry.tracking_uri(), local_stack.state, [production])  # as `stack up` does its models
     prompts = write_prompts(tmp / "prompts.jsonl", 64, seed=1)
