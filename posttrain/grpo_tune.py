@@ -25,16 +25,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from core import registry, storage, usage
-from core.config import ConfigError, flatten
-from core.resource_wait import ResourceWatch
+from core.config import ConfigError
 from posttrain.grpo import tracking as grpo_tracking
 from posttrain.grpo.config import GrpoConfig
 from posttrain.tune_config import PostTrainTuneConfig
 from train.capacity import TRIAL_DRIVER_CPUS
-from train.tracking import MAX_PARAM_LEN, log_new_params, record_usage
+from train.tracking import record_usage
 from train.trainer import connect_ray, worker_env
 from train.tune import (
-    TAG_TUNE_METRIC, TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL, TuneResult, best_trial, trial_summaries,
+    TAG_TUNE_METRIC, TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL, TuneResult, best_trial, describe_search,
+    run_search, trial_summaries,
 )
 from train.tune_config import TRIAL_SAFE, with_values
 
@@ -107,8 +107,6 @@ def main(cfg: PostTrainTuneConfig) -> TuneResult:
     """Run the search; register the best finished trial. ConfigError (before any trial starts) if it cannot run."""
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search import BasicVariantGenerator
 
     if cfg.post_train_stage() != "grpo":
         raise ValueError("posttrain.grpo_tune.main: the search's base is not a GRPO config")
@@ -119,33 +117,16 @@ def main(cfg: PostTrainTuneConfig) -> TuneResult:
     # ASHA puts its last rung at max_t; one update short of a trial's end keeps every rung before the final report.
     max_t = min(cfg.asha.max_t or base.steps, base.steps - 1)
     register_as = cfg.register_as or base.register_as
-    fs, path = storage.resolve(storage.join(base.output_uri, cfg.search_name))
     tags = registry.lineage_tags("tune", **{TAG_TUNE_SEARCH: cfg.search_name, registry.TAG_BASE_MODEL: base.model,
                                             registry.TAG_DATASET_VERSION: base.prompts.dataset_version or None})
     with registry.start_run(cfg.experiment, cfg.search_name, tags=tags) as parent:
         parent_id = parent.info.run_id
         client = registry.client()
-        params = {**flatten(cfg), "max_concurrent_trials": concurrent}
-        log_new_params(parent_id, {k: str(v)[:MAX_PARAM_LEN] for k, v in params.items()})
-        client.set_tag(parent_id, "rayline.capacity", arithmetic)
-        print(f"search {cfg.search_name}: {cfg.num_samples} GRPO trials, {concurrent} at a time ({arithmetic})",
-              flush=True)
+        describe_search(cfg, parent_id, concurrent, arithmetic, "GRPO trials")
         trainable = tune.with_parameters(run_trial, cfg=cfg, base=base, parent_run_id=parent_id, env=worker_env())
-        tuner = tune.Tuner(
-            tune.with_resources(trainable, {"CPU": TRIAL_DRIVER_CPUS}),
-            param_space={k: d.to_tune() for k, d in cfg.space.items()},
-            tune_config=tune.TuneConfig(
-                metric=cfg.metric, mode=cfg.mode, num_samples=cfg.num_samples,
-                scheduler=ASHAScheduler(time_attr="step", max_t=max_t, grace_period=cfg.asha.grace_period,
-                                        reduction_factor=cfg.asha.reduction_factor, stop_last_trials=False),
-                search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=concurrent),
-            ),
-            run_config=tune.RunConfig(name="tune", storage_path=path, storage_filesystem=fs),
-        )
-        with ResourceWatch("tune", max_wait_s=cfg.max_wait_s):
-            grid = tuner.fit()
+        grid = run_search(cfg, trainable, concurrent, max_t, storage.join(base.output_uri, cfg.search_name))
         result = TuneResult(cfg.search_name, parent_id, concurrent, arithmetic)
-        result.trials = trial_summaries(cfg, list(grid), parent_id, base.steps)
+        result.trials = trial_summaries(cfg, grid, parent_id, base.steps)
         result.best = best_trial(cfg, result.trials, parent_id)
         registered = None
         trial_tags = client.get_run(result.best.mlflow_run_id).data.tags if result.best.mlflow_run_id else {}

@@ -189,13 +189,44 @@ def best_trial(cfg: TuneConfig, trials: list[TrialSummary], parent_run_id: str) 
     return best
 
 
+def describe_search(cfg: TuneConfig, parent_run_id: str, concurrent: int, arithmetic: str, what: str = "trials") -> None:
+    """The search's params and capacity on its MLflow run, and its first line on stdout."""
+    params = {**flatten(cfg), "max_concurrent_trials": concurrent}
+    log_new_params(parent_run_id, {k: str(v)[:MAX_PARAM_LEN] for k, v in params.items()})
+    registry.client().set_tag(parent_run_id, "rayline.capacity", arithmetic)
+    print(f"search {cfg.search_name}: {cfg.num_samples} {what}, {concurrent} at a time ({arithmetic})", flush=True)
+
+
+def run_search(cfg: TuneConfig, trainable, concurrent: int, max_t: int, storage_path: str) -> list:
+    """Run the ASHA search over `trainable` (a function trainable, its parameters bound), each trial holding the trial
+    driver's CPU, `concurrent` at a time, Tune's state under `storage_path`; Tune's result of every trial."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    fs, path = storage.resolve(storage_path)
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"CPU": TRIAL_DRIVER_CPUS}),
+        param_space={k: d.to_tune() for k, d in cfg.space.items()},
+        tune_config=tune.TuneConfig(
+            metric=cfg.metric, mode=cfg.mode, num_samples=cfg.num_samples,
+            scheduler=ASHAScheduler(time_attr="step", max_t=max_t, grace_period=cfg.asha.grace_period,
+                                    reduction_factor=cfg.asha.reduction_factor, stop_last_trials=False),
+            # The limit goes on the generator itself: Tune ignores max_concurrent_trials when a
+            # search_alg generator is passed in.
+            search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=concurrent),
+        ),
+        run_config=tune.RunConfig(name="tune", storage_path=path, storage_filesystem=fs),
+    )
+    with ResourceWatch("tune", max_wait_s=cfg.max_wait_s):
+        return list(tuner.fit())
+
+
 def main(cfg: TuneConfig, recipe: TrialRecipe | None = None) -> TuneResult:
     """Run the search (trials of `recipe`, default the train stage's over `cfg.base_train_config()`); register the
     best finished trial. ConfigError (before any trial starts) if it cannot run."""
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search import BasicVariantGenerator
 
     connect_ray()
     meter = usage.StageUsage.start()  # every trial (its Train controller and workers) is this job's
@@ -212,7 +243,6 @@ def main(cfg: TuneConfig, recipe: TrialRecipe | None = None) -> TuneResult:
         raise ConfigError(f"asha.grace_period: {cfg.asha.grace_period} steps leaves no rung before the end of a "
                           f"{plan.total_steps}-step trial")
 
-    fs, path = storage.resolve(storage.join(base.checkpoint.storage_path, cfg.search_name))
     tags = registry.lineage_tags("tune", **{TAG_TUNE_SEARCH: cfg.search_name,
                                             registry.TAG_DATASET_VERSION: plan.dataset_version,
                                             registry.TAG_DATASET_MANIFEST: plan.manifest_uri,
@@ -220,30 +250,12 @@ def main(cfg: TuneConfig, recipe: TrialRecipe | None = None) -> TuneResult:
     with registry.start_run(cfg.experiment, cfg.search_name, tags=tags) as parent:
         parent_id = parent.info.run_id
         client = registry.client()
-        params = {**flatten(cfg), "max_concurrent_trials": concurrent}
-        log_new_params(parent_id, {k: str(v)[:MAX_PARAM_LEN] for k, v in params.items()})
-        client.set_tag(parent_id, "rayline.capacity", arithmetic)
-        print(f"search {cfg.search_name}: {cfg.num_samples} trials, {concurrent} at a time ({arithmetic})", flush=True)
-
+        describe_search(cfg, parent_id, concurrent, arithmetic)
         trainable = tune.with_parameters(run_trial, cfg=cfg, recipe=recipe, parent_run_id=parent_id, env=worker_env(),
                                          resources_per_worker=resources)
-        tuner = tune.Tuner(
-            tune.with_resources(trainable, {"CPU": TRIAL_DRIVER_CPUS}),
-            param_space={k: d.to_tune() for k, d in cfg.space.items()},
-            tune_config=tune.TuneConfig(
-                metric=cfg.metric, mode=cfg.mode, num_samples=cfg.num_samples,
-                scheduler=ASHAScheduler(time_attr="step", max_t=max_t, grace_period=cfg.asha.grace_period,
-                                        reduction_factor=cfg.asha.reduction_factor, stop_last_trials=False),
-                # The limit goes on the generator itself: Tune ignores max_concurrent_trials when a
-                # search_alg generator is passed in.
-                search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=concurrent),
-            ),
-            run_config=tune.RunConfig(name="tune", storage_path=path, storage_filesystem=fs),
-        )
-        with ResourceWatch("tune", max_wait_s=cfg.max_wait_s):
-            grid = tuner.fit()
+        grid = run_search(cfg, trainable, concurrent, max_t, storage.join(base.checkpoint.storage_path, cfg.search_name))
         result = TuneResult(cfg.search_name, parent_id, concurrent, arithmetic, lineage=recipe.lineage_tags())
-        result.trials = trial_summaries(cfg, list(grid), parent_id, plan.total_steps)
+        result.trials = trial_summaries(cfg, grid, parent_id, plan.total_steps)
         result.best = best_trial(cfg, result.trials, parent_id)
 
         best_cfg = recipe.train_config(result.best.sampled, result.best.run_name,

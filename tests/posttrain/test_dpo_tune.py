@@ -20,8 +20,8 @@ from core import registry
 from posttrain import dpo_stage
 from stack import mlflow_auth
 from stack.preference_sample import write_preferences
-from tests.posttrain.test_dpo_stage import _run
-from train.tune import TAG_TUNE_METRIC, TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
+from tests.posttrain.searches import run_search
+from train.tune import TAG_TUNE_METRIC, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -46,15 +46,7 @@ def search(local_stack, tiny_model_dir, tmp_path_factory):
             f"checkpoint.storage_path={tmp / 'runs'}", f"train.max_steps={STEPS}", "train.micro_batch_size=4",
             "train.eval_batch_size=8", "train.eval_every_steps=2", "train.checkpoint_every_steps=2"],
     })
-    path = tmp / "tune.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    result, stdout = _run("pipelines.tune", ["--config", str(path)], "trainer")
-    client = registry.client()
-    parent = client.get_run(result["parent_run_id"])
-    children = client.search_runs([parent.info.experiment_id],
-                                  f"tags.`{TAG_TUNE_PARENT}` = '{result['parent_run_id']}'")
-    return {"cfg": cfg, "result": result, "stdout": stdout, "parent": parent,
-            "children": {r.data.tags[TAG_TUNE_TRIAL]: r for r in children}, "model": str(tiny_model_dir)}
+    return {**run_search(cfg, tmp), "model": str(tiny_model_dir)}
 
 
 def test_the_reference_is_scored_once_before_the_search_and_every_trial_trains_on_it(search):

@@ -13,17 +13,14 @@ from core.config import ConfigError, load_config
 from posttrain.dpo_config import DpoConfig
 from posttrain.dpo_stage import TAG_DPO_BETA, TAG_PREFERENCE_VERSION, TAG_REFERENCE_MODEL, ScoredVersion
 from posttrain.tune_config import PostTrainTuneConfig
+from tests.posttrain.searches import yaml_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 DPO_TUNE = ROOT / "configs/tune/dpo_tiny.yaml"
 
 
 def write(tmp_path, **changes) -> Path:
-    data = yaml.safe_load(DPO_TUNE.read_text())
-    data.update(changes)
-    path = tmp_path / "tune.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return yaml_variant(DPO_TUNE, tmp_path, **changes)
 
 
 def test_shipped_dpo_search_validates_over_beta_and_the_learning_rate():

@@ -19,8 +19,8 @@ from core import registry
 from posttrain.grpo.tracking import TAG_PARENT_VERSION
 from stack import mlflow_auth
 from stack.warm_policy import write_prompts
-from tests.posttrain.test_dpo_stage import _run
-from train.tune import TAG_TUNE_METRIC, TAG_TUNE_PARENT, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
+from tests.posttrain.searches import run_search
+from train.tune import TAG_TUNE_METRIC, TAG_TUNE_SEARCH, TAG_TUNE_TRIAL
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -45,15 +45,7 @@ def search(local_stack, warm_policy_dir, tmp_path_factory):
             f"output_uri={tmp / 'out'}", f"steps={STEPS}", "prompts_per_step=8", "group_size=4",
             "checkpoint_every=0"],
     })
-    path = tmp / "tune.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    result, stdout = _run("pipelines.tune", ["--config", str(path)], "trainer")
-    client = registry.client()
-    parent = client.get_run(result["parent_run_id"])
-    children = client.search_runs([parent.info.experiment_id],
-                                  f"tags.`{TAG_TUNE_PARENT}` = '{result['parent_run_id']}'")
-    return {"cfg": cfg, "result": result, "stdout": stdout, "parent": parent, "policy": str(policy), "out": tmp / "out",
-            "children": {r.data.tags[TAG_TUNE_TRIAL]: r for r in children}}
+    return {**run_search(cfg, tmp), "policy": str(policy), "out": tmp / "out"}
 
 
 def test_each_trial_is_a_grpo_run_of_its_own_sampled_values_reporting_its_reward(search):

@@ -13,17 +13,14 @@ from core.config import ConfigError, load_config
 from posttrain.grpo.config import GrpoConfig
 from posttrain.grpo_tune import absolute_paths, max_concurrent_trials, trial_config
 from posttrain.tune_config import PostTrainTuneConfig
+from tests.posttrain.searches import yaml_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPO_TUNE = ROOT / "configs/tune/grpo_tiny.yaml"
 
 
 def write(tmp_path, **changes) -> Path:
-    data = yaml.safe_load(GRPO_TUNE.read_text())
-    data.update(changes)
-    path = tmp_path / "tune.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return yaml_variant(GRPO_TUNE, tmp_path, **changes)
 
 
 def test_shipped_grpo_search_validates_over_the_learning_rate_and_group_size():
