@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serve_servers import ENGINE, SERVE, replica_engine, use_local_stack  # noqa: E402
+from bench.serve_servers import EAGER, ENGINE, SERVE, replica_engine, use_local_stack  # noqa: E402
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
 from bench.serve_load import LoadResult, answered_by, combine, run_load  # noqa: E402
 from core import registry  # noqa: E402
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         for _ in range(2):
             mv = registry.register_checkpoint(NAME, str(model_dir), run_id=run.info.run_id)
             record_figures(NAME, mv.version, {"exact_match": 1.0})  # the gate's evidence, as an eval job logs it
-    engine = {**ENGINE, "max_model_len": 256, "max_num_seqs": 16, "kv_cache_memory_bytes": 64 * eng.MiB,
+    engine = {**ENGINE, **EAGER, "max_model_len": 256, "max_num_seqs": 16, "kv_cache_memory_bytes": 64 * eng.MiB,
               "cpus_per_engine": 0.4, "model": f"models:/{NAME}@champion"}
     serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-canary", "route_prefix": "/bench-canary",
                                           "engine": engine})

@@ -2,7 +2,7 @@
 
     python -m pipelines.stack up                 # the local stack (Ray head + MLflow), or export another stack's env
     python bench/bench_serve.py [--requests 256] [--concurrency 32 64] [--max-tokens 128] [--spread 0.25]
-                                [--skip-rollout | --rollout-only] [--rollout-rounds N]
+                                [--skip-rollout | --rollout-only] [--rollout-rounds N] [--rollout-compiled]
     python bench/bench_serve.py --quick          # a smoke run: small loads, no rollout
 
 Each server gets `--requests` streamed completions of exactly `--max-tokens` output tokens
@@ -43,7 +43,7 @@ from bench.bench_canary import user_load  # noqa: E402
 from bench.equal_terms import print_setups, ratio_line, round_order  # noqa: E402
 from bench.serve_load import LoadResult, combine, tail_note  # noqa: E402
 from bench.serve_servers import (  # noqa: E402
-    ENGINE, MUST_MATCH, SERVE, RaylineApp, VllmServer, busy_setup, cpu_seconds, small_model, timed_load,
+    EAGER, ENGINE, MUST_MATCH, SERVE, RaylineApp, VllmServer, busy_setup, cpu_seconds, small_model, timed_load,
     use_local_stack,
 )
 from bench.serve_setup import resolve_scheduler  # noqa: E402
@@ -56,9 +56,10 @@ VLLM = "vllm server"
 DEFAULTS = "vllm serve, its own defaults (not equal terms)"
 
 
-def bench_rollout(work: Path, rounds: int = 1) -> float:
+def bench_rollout(work: Path, rounds: int = 1, compiled: bool = False) -> float:
     """Seconds from setting the alias to the new version answering, with the tiny model and the real rollout: the
-    median of `rounds` rollouts, each to the other version (v2, v1, v2, ...)."""
+    median of `rounds` rollouts, each to the other version (v2, v1, v2, ...). The engine is eager, as
+    configs/serve/tiny_cpu.yaml's; `compiled`: as the serving default's (ENGINE), to see what compiling costs a roll."""
     from core import registry
     from stack.tiny_model import build_tiny_model
     from serve.promotion.outcome import DEPLOYED
@@ -76,7 +77,7 @@ def bench_rollout(work: Path, rounds: int = 1) -> float:
     for v in versions:
         record_figures(name, v, {"exact_match": 1.0})  # the gate's evidence, as an eval job logs it
     # float32, as configs/serve/tiny_cpu.yaml: the tiny model in bfloat16 died in a replica (SIGILL, vLLM's AMX attention).
-    tiny_engine = {**ENGINE, "dtype": "float32", "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 64 * eng.MiB,
+    tiny_engine = {**ENGINE, **({} if compiled else EAGER), "dtype": "float32", "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 64 * eng.MiB,
                    "cpus_per_engine": 0.5, "model": f"models:/{name}@champion"}
     serve_cfg = from_dict(ServeConfig, {**SERVE, "app_name": "rayline-bench-rollout", "route_prefix": "/bench-rollout",
                                           "engine": tiny_engine})
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="load runs per server and concurrency, in A-B-C, C-B-A order (the machine's speed drifts)")
     p.add_argument("--skip-rollout", action="store_true")
     p.add_argument("--rollout-only", action="store_true", help="only the rollout time (no load, no vLLM server)")
+    p.add_argument("--rollout-compiled", action="store_true",
+                   help="the rollout's engine compiled (the serving default) instead of eager (configs/serve/tiny_cpu.yaml)")
     p.add_argument("--rollout-rounds", type=int, default=1,
                    help="rollouts timed, each to the other version (the figure: their median)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 16 requests of 32 tokens at 8 streams, "
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir, engine_cfg = small_model(work)
 
     if args.rollout_only:
-        rollout_s = bench_rollout(work, args.rollout_rounds)
+        rollout_s = bench_rollout(work, args.rollout_rounds, args.rollout_compiled)
         print(f"rollout time (alias set -> new version answering, tiny): {rollout_s:.1f}s")
         return {"vllm": [], "rayline": [], "rollout_s": rollout_s, "ratios": {}}
 
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
     rollout_s, rollout_error = None, ""
     if not args.skip_rollout:
         try:
-            rollout_s = bench_rollout(work, args.rollout_rounds)
+            rollout_s = bench_rollout(work, args.rollout_rounds, args.rollout_compiled)
         except RuntimeError as e:  # a failed rollout is a figure too; the load's figures above still stand
             rollout_error = str(e)
 
