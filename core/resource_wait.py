@@ -236,6 +236,8 @@ class ResourceWatch:
     print_fn: Callable[[str], None] = field(default=lambda s: print(s, flush=True))
     reports: list[WaitReport] = field(default_factory=list)
     """Every report printed (the last one is the timeout's, when there was one)."""
+    polls: int = 0
+    """Polls of the state API done so far, answered or not."""
     _failed: WaitReport | None = None
 
     def __enter__(self) -> "ResourceWatch":
@@ -277,6 +279,7 @@ class ResourceWatch:
         waiting_since = last_pending = last_report = 0.0
         last_error = ""
         while not self._stop.wait(self.poll_s):
+            self.polls += 1
             try:
                 now = time.monotonic()
                 pending = pending_work(self._job, self.name_prefix, self.address)
