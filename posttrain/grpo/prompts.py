@@ -39,9 +39,9 @@ def load_prompts(uri: str, tokenizer, tasks: list[str] | None = None, limit: int
                              '{"messages": [..., {"role": "assistant", "content": ANSWER}]}') from None
         if tasks and record.get("task") not in tasks:
             continue
-        ids = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        # Rendered once, then tokenized as apply_chat_template(tokenize=True) does (no special tokens added).
         text = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         out.append(Prompt(len(out), str(record.get("id", n)), ids, reference, text))
         if limit and len(out) >= limit:
             break
